@@ -1,0 +1,324 @@
+//! The workload cluster CA (`<cluster>-ca`: `tls.crt`, `tls.key`) and certificate issuance.
+//!
+//! Issuance copies exactly two things from a request, the subject (CN and O) and the
+//! provider-ID extension; everything else is set here (SPEC section 3).
+
+use std::fmt;
+
+use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+use rcgen::{
+    CertificateParams, DistinguishedName, DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, PublicKeyData, SignatureAlgorithm, SigningKey,
+};
+use rustls_pki_types::PrivateKeyDer;
+use time::{Duration, OffsetDateTime};
+use x509_parser::prelude::FromDer;
+use zeroize::{Zeroize, Zeroizing};
+
+use crate::csr::{ParsedCsr, PublicKeyKind, StringKind};
+use crate::identity::ProviderId;
+use crate::names::PROVIDER_ID_OID;
+
+/// Why a CA cannot be loaded. Messages never include key material.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CaError {
+    /// `tls.crt` is not one PEM certificate.
+    #[error("CA certificate is not a PEM CERTIFICATE: {why}")]
+    CertificatePem {
+        /// What is wrong.
+        why: String,
+    },
+    /// `tls.crt` does not decode.
+    #[error("CA certificate does not decode: {why}")]
+    CertificateDer {
+        /// The decoder's complaint.
+        why: String,
+    },
+    /// The certificate is not a CA (no basicConstraints CA:true).
+    #[error("certificate {subject} is not a CA (basicConstraints CA:true is missing)")]
+    NotACa {
+        /// Its subject.
+        subject: String,
+    },
+    /// `tls.key` is not a PEM private key of a supported format.
+    #[error("CA key is not a PEM RSA PRIVATE KEY, EC PRIVATE KEY or PRIVATE KEY (PKCS#8)")]
+    KeyPem,
+    /// The CA's key type is not one this signer signs with.
+    #[error("CA key type {key} is not supported (RSA, ECDSA P-256/P-384)")]
+    KeyUnsupported {
+        /// The key kind.
+        key: String,
+    },
+    /// The key does not load, or does not belong to the certificate.
+    #[error("CA key does not match the CA certificate's public key")]
+    KeyMismatch,
+}
+
+/// Why a certificate could not be issued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The request's key cannot go in a certificate (rule 2 should have refused it).
+    #[error("request key {key} cannot be certified")]
+    UnsupportedKey {
+        /// The key kind.
+        key: String,
+    },
+    /// The CA expired, or expires before the minimum useful lifetime.
+    #[error("CA certificate expired at {not_after}")]
+    CaExpired {
+        /// The CA's NotAfter.
+        not_after: OffsetDateTime,
+    },
+    /// rcgen refused to build the certificate.
+    #[error("building the certificate failed: {0}")]
+    Build(String),
+}
+
+/// The signing key, zeroized on drop and never printed.
+struct CaKey(KeyPair);
+
+impl Drop for CaKey {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl PublicKeyData for CaKey {
+    fn der_bytes(&self) -> &[u8] {
+        self.0.der_bytes()
+    }
+
+    fn algorithm(&self) -> &'static SignatureAlgorithm {
+        self.0.algorithm()
+    }
+}
+
+impl SigningKey for CaKey {
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        self.0.sign(msg)
+    }
+}
+
+/// A workload cluster CA, ready to sign.
+pub struct ClusterCa {
+    cert_der: Vec<u8>,
+    issuer: Issuer<'static, CaKey>,
+    not_after: OffsetDateTime,
+    subject: String,
+    fingerprint: [u8; 32],
+}
+
+impl fmt::Debug for ClusterCa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterCa")
+            .field("subject", &self.subject)
+            .field("not_after", &self.not_after)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// How long the certificate may live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    /// The signer's clock.
+    pub now: OffsetDateTime,
+    /// `spec.expirationSeconds`, if set.
+    pub requested_seconds: Option<i64>,
+    /// `--client-cert-duration`.
+    pub max: Duration,
+}
+
+/// What [`ClusterCa::issue`] produced.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IssuedCertificate {
+    /// DER.
+    pub der: Vec<u8>,
+    /// NotAfter.
+    pub not_after: OffsetDateTime,
+}
+
+impl IssuedCertificate {
+    /// PEM, as `status.certificate` holds it.
+    pub fn pem(&self) -> String {
+        pem::encode_config(
+            &pem::Pem::new("CERTIFICATE", self.der.clone()),
+            pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF),
+        )
+    }
+}
+
+impl fmt::Debug for IssuedCertificate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IssuedCertificate").field("not_after", &self.not_after).finish_non_exhaustive()
+    }
+}
+
+impl ClusterCa {
+    /// Loads `tls.crt` and `tls.key`. The key may be RSA PKCS#1 (Cluster API's default),
+    /// PKCS#8, or EC SEC1; it must match the certificate.
+    pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {
+        let cert = pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
+        if cert.tag() != "CERTIFICATE" {
+            return Err(CaError::CertificatePem { why: format!("found a {:?} block", crate::identity::truncate(cert.tag(), 40)) });
+        }
+        let cert_der = cert.into_contents();
+        let (_, x509) = x509_parser::certificate::X509Certificate::from_der(&cert_der)
+            .map_err(|e| CaError::CertificateDer { why: e.to_string() })?;
+        let subject = x509.subject().to_string();
+        if !x509.is_ca() {
+            return Err(CaError::NotACa { subject });
+        }
+        let spki = x509.public_key();
+        let algorithm = signing_algorithm(&spki.algorithm)
+            .ok_or_else(|| CaError::KeyUnsupported { key: spki.algorithm.algorithm.to_id_string() })?;
+
+        let key_block = pem::parse(key_pem).map_err(|_| CaError::KeyPem)?;
+        if !matches!(key_block.tag(), "RSA PRIVATE KEY" | "EC PRIVATE KEY" | "PRIVATE KEY") {
+            return Err(CaError::KeyPem);
+        }
+        let key_der = Zeroizing::new(key_block.into_contents());
+        let private = PrivateKeyDer::try_from(key_der.as_slice()).map_err(|_| CaError::KeyPem)?;
+        let key = CaKey(KeyPair::from_der_and_sign_algo(&private, algorithm).map_err(|_| CaError::KeyMismatch)?);
+        if key.der_bytes() != spki.subject_public_key.data.as_ref() {
+            return Err(CaError::KeyMismatch);
+        }
+        let issuer = Issuer::from_ca_cert_der(&cert_der.as_slice().into(), key)
+            .map_err(|e| CaError::CertificateDer { why: e.to_string() })?;
+        let not_after = x509.validity().not_after.to_datetime();
+        let fingerprint = sha256(&cert_der);
+        Ok(Self { issuer, not_after, subject, fingerprint, cert_der })
+    }
+
+    /// The CA certificate, DER.
+    pub fn certificate_der(&self) -> &[u8] {
+        &self.cert_der
+    }
+
+    /// SHA-256 of the CA certificate: two opted-in Clusters must not share it.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    /// The CA's NotAfter.
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.not_after
+    }
+
+    /// Signs a client certificate for an approved request: random 160-bit serial; NotBefore
+    /// now-5m; NotAfter min(now + min(requested, max), CA NotAfter); subject CN and O copied;
+    /// no SAN; KeyUsage digitalSignature (+keyEncipherment for RSA); EKU clientAuth;
+    /// BasicConstraints CA:false; AKI and SKI; the provider-ID extension.
+    pub fn issue(&self, csr: &ParsedCsr, provider_id: &ProviderId, validity: Validity) -> Result<IssuedCertificate, IssueError> {
+        let key = CsrKey::new(csr)?;
+        let lifetime = match validity.requested_seconds {
+            Some(seconds) if seconds > 0 => Duration::seconds(seconds).min(validity.max),
+            _ => validity.max,
+        };
+        let not_after = (validity.now + lifetime).min(self.not_after);
+        if not_after <= validity.now {
+            return Err(IssueError::CaExpired { not_after: self.not_after });
+        }
+
+        let mut params = CertificateParams::default();
+        params.serial_number = Some(random_serial().map_err(IssueError::Build)?.into());
+        params.not_before = validity.now - Duration::minutes(5);
+        params.not_after = not_after;
+        params.distinguished_name = copy_subject(csr)?;
+        params.key_usages = if csr.key_kind.is_rsa() {
+            vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment]
+        } else {
+            vec![KeyUsagePurpose::DigitalSignature]
+        };
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.use_authority_key_identifier_extension = true;
+        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value())];
+        let cert = params.signed_by(&key, &self.issuer).map_err(|e| IssueError::Build(e.to_string()))?;
+        Ok(IssuedCertificate { der: cert.der().to_vec(), not_after })
+    }
+}
+
+/// The request's public key, as rcgen writes it into the certificate.
+struct CsrKey<'a> {
+    algorithm: &'static SignatureAlgorithm,
+    key: &'a [u8],
+}
+
+impl<'a> CsrKey<'a> {
+    fn new(csr: &'a ParsedCsr) -> Result<Self, IssueError> {
+        let algorithm = match csr.key_kind {
+            PublicKeyKind::Rsa { .. } => &rcgen::PKCS_RSA_SHA256,
+            PublicKeyKind::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
+            PublicKeyKind::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
+            PublicKeyKind::Ed25519 => &rcgen::PKCS_ED25519,
+            ref other => return Err(IssueError::UnsupportedKey { key: other.to_string() }),
+        };
+        Ok(Self { algorithm, key: &csr.public_key })
+    }
+}
+
+impl PublicKeyData for CsrKey<'_> {
+    fn der_bytes(&self) -> &[u8] {
+        self.key
+    }
+
+    fn algorithm(&self) -> &'static SignatureAlgorithm {
+        self.algorithm
+    }
+}
+
+fn copy_subject(csr: &ParsedCsr) -> Result<DistinguishedName, IssueError> {
+    let mut dn = DistinguishedName::new();
+    for attribute in &csr.subject {
+        let ty = if attribute.is_common_name() {
+            DnType::CommonName
+        } else if attribute.is_organization() {
+            DnType::OrganizationName
+        } else {
+            continue;
+        };
+        let value = attribute.value.clone().unwrap_or_default();
+        let value = match attribute.kind {
+            StringKind::Printable => DnValue::PrintableString(value.try_into().map_err(|e: rcgen::Error| IssueError::Build(e.to_string()))?),
+            _ => DnValue::Utf8String(value),
+        };
+        dn.push(ty, value);
+    }
+    Ok(dn)
+}
+
+fn signing_algorithm(algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>) -> Option<&'static SignatureAlgorithm> {
+    use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION};
+    if algorithm.algorithm == OID_PKCS1_RSAENCRYPTION {
+        return Some(&rcgen::PKCS_RSA_SHA256);
+    }
+    if algorithm.algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
+        let curve = algorithm.parameters.as_ref()?.as_oid().ok()?;
+        if curve == OID_EC_P256 {
+            return Some(&rcgen::PKCS_ECDSA_P256_SHA256);
+        }
+        if curve == OID_NIST_EC_P384 {
+            return Some(&rcgen::PKCS_ECDSA_P384_SHA384);
+        }
+    }
+    None
+}
+
+/// 20 random bytes with the top bit cleared: a positive 159-bit serial.
+fn random_serial() -> Result<Vec<u8>, String> {
+    let mut serial = vec![0u8; 20];
+    SystemRandom::new().fill(&mut serial).map_err(|_| "the system random source failed".to_owned())?;
+    serial[0] &= 0x7f;
+    serial[0] |= 0x40;
+    Ok(serial)
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(digest.as_ref());
+    out
+}

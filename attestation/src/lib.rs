@@ -1,0 +1,26 @@
+//! Attested kubelet identity for Cluster API: the shared library.
+//!
+//! - [`envelope`] and [`csr`]: the `spec.request` wire format (SPEC section 2) and PKCS#10.
+//! - [`rules`]: the pure rule engine of SPEC sections 3 and 4, returning a [`Decision`].
+//! - [`machine`] and [`claim`]: read-only views of Cluster API objects and the signer's claim.
+//! - [`attestor`]: the provider trait pair; [`insecure`] is `insecure/v1`.
+//! - [`ca`]: the workload cluster CA and certificate issuance.
+//! - [`request`]: the node side: keys, CSRs and envelopes.
+//!
+//! Like `kube-core`, this crate does no I/O: no client, no files, no clock.
+
+pub mod attestor;
+pub mod ca;
+pub mod claim;
+pub mod csr;
+pub mod decision;
+pub mod envelope;
+pub mod identity;
+pub mod insecure;
+pub mod machine;
+pub mod names;
+pub mod request;
+pub mod rules;
+
+pub use decision::{Decision, DenyReason, Outcome, Rule, Verdict};
+pub use rules::{Clock, CsrObject, Inputs, decide};

@@ -1,0 +1,64 @@
+//! The names of the contract (SPEC section 2): OIDs, PEM labels, signer names, annotations.
+//!
+//! Everything an apiserver, a node or an operator sees spelled out lives here, once.
+
+/// Provider-ID X.509 extension: OID `1.3.6.1.4.1.11129.2.1.21`, non-critical, value a DER UTF8String.
+pub const PROVIDER_ID_OID: &[u64] = &[1, 3, 6, 1, 4, 1, 11129, 2, 1, 21];
+
+/// PEM label of block 1 (PKCS#10).
+pub const PEM_CSR: &str = "CERTIFICATE REQUEST";
+/// PEM label of block 2: `<provider>/<version>`.
+pub const PEM_PROVIDER: &str = "KUBELET AUTHENTICATOR ATTESTATION PROVIDER";
+/// PEM label of block 3: provider-specific bytes.
+pub const PEM_DATA: &str = "KUBELET AUTHENTICATOR ATTESTATION DATA";
+
+/// Client signer for `insecure/v1`.
+pub const SIGNER_INSECURE: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
+/// Client signer for `tpm/v1`.
+pub const SIGNER_TPM: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-tpm";
+/// Serving CSRs this signer approves (the workload cluster's controller-manager signs them).
+pub const SIGNER_KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
+
+/// Cluster opt-in annotation (value `"true"`).
+pub const ANNOTATION_OPT_IN: &str = "cluster.x-k8s.io/kubelet-authentication";
+/// Cluster allowed attestors (comma list of provider names).
+pub const ANNOTATION_ALLOWED_ATTESTORS: &str = "cluster.x-k8s.io/kubelet-authorized-attestors";
+/// EK pin on a Machine or MachinePool (comma list of lowercase hex SHA-256).
+pub const ANNOTATION_EK_PIN: &str = "cluster.x-k8s.io/tpm-ek-sha256";
+/// The signer's claim on a Machine (one JSON record).
+pub const ANNOTATION_CLAIM: &str = "cluster.x-k8s.io/kubelet-claim";
+/// The signer's claims on a MachinePool: a JSON object keyed by instance provider ID.
+///
+/// The SPEC leaves the place to the project; one annotation keeps the write atomic under
+/// the same resourceVersion precondition as a Machine's claim.
+pub const ANNOTATION_POOL_CLAIMS: &str = "cluster.x-k8s.io/kubelet-claims";
+/// Written on a CSR whose attestation version the signer does not support.
+pub const ANNOTATION_SUPPORTED_VERSIONS: &str = "cluster.x-k8s.io/attestation-supported-versions";
+/// The TPM credential challenge the signer writes on CSR #1.
+pub const ANNOTATION_TPM_CHALLENGE: &str = "cluster.x-k8s.io/tpm-credential-challenge";
+
+/// Group of every bootstrap-token user.
+pub const GROUP_BOOTSTRAPPERS: &str = "system:bootstrappers";
+/// Group of every node identity.
+pub const GROUP_NODES: &str = "system:nodes";
+/// Username prefix of bootstrap-token users.
+pub const BOOTSTRAP_USER_PREFIX: &str = "system:bootstrap:";
+/// Common-name prefix of node identities.
+pub const NODE_USER_PREFIX: &str = "system:node:";
+
+/// `spec.usages` spellings of `certificates.k8s.io/v1`.
+pub mod usage {
+    /// digitalSignature
+    pub const DIGITAL_SIGNATURE: &str = "digital signature";
+    /// keyEncipherment
+    pub const KEY_ENCIPHERMENT: &str = "key encipherment";
+    /// id-kp-clientAuth
+    pub const CLIENT_AUTH: &str = "client auth";
+    /// id-kp-serverAuth
+    pub const SERVER_AUTH: &str = "server auth";
+}
+
+/// Largest `spec.request` the signer reads (SPEC rule 1).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Longest provider ID accepted (SPEC rule 8).
+pub const MAX_PROVIDER_ID_BYTES: usize = 512;
