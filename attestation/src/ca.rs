@@ -71,6 +71,9 @@ pub enum IssueError {
         /// The CA's NotAfter.
         not_after: OffsetDateTime,
     },
+    /// The approved request no longer parses (it was approved by something else).
+    #[error("the request cannot be certified: {0}")]
+    Request(String),
     /// rcgen refused to build the certificate.
     #[error("building the certificate failed: {0}")]
     Build(String),
@@ -152,7 +155,9 @@ impl IssuedCertificate {
 
 impl fmt::Debug for IssuedCertificate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IssuedCertificate").field("not_after", &self.not_after).finish_non_exhaustive()
+        f.debug_struct("IssuedCertificate")
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
     }
 }
 
@@ -160,9 +165,15 @@ impl ClusterCa {
     /// Loads `tls.crt` and `tls.key`. The key may be RSA PKCS#1 (Cluster API's default),
     /// PKCS#8, or EC SEC1; it must match the certificate.
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {
-        let cert = pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
+        let cert =
+            pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
         if cert.tag() != "CERTIFICATE" {
-            return Err(CaError::CertificatePem { why: format!("found a {:?} block", crate::identity::truncate(cert.tag(), 40)) });
+            return Err(CaError::CertificatePem {
+                why: format!(
+                    "found a {:?} block",
+                    crate::identity::truncate(cert.tag(), 40)
+                ),
+            });
         }
         let cert_der = cert.into_contents();
         let (_, x509) = x509_parser::certificate::X509Certificate::from_der(&cert_der)
@@ -172,16 +183,24 @@ impl ClusterCa {
             return Err(CaError::NotACa { subject });
         }
         let spki = x509.public_key();
-        let algorithm = signing_algorithm(&spki.algorithm)
-            .ok_or_else(|| CaError::KeyUnsupported { key: spki.algorithm.algorithm.to_id_string() })?;
+        let algorithm =
+            signing_algorithm(&spki.algorithm).ok_or_else(|| CaError::KeyUnsupported {
+                key: spki.algorithm.algorithm.to_id_string(),
+            })?;
 
         let key_block = pem::parse(key_pem).map_err(|_| CaError::KeyPem)?;
-        if !matches!(key_block.tag(), "RSA PRIVATE KEY" | "EC PRIVATE KEY" | "PRIVATE KEY") {
+        if !matches!(
+            key_block.tag(),
+            "RSA PRIVATE KEY" | "EC PRIVATE KEY" | "PRIVATE KEY"
+        ) {
             return Err(CaError::KeyPem);
         }
         let key_der = Zeroizing::new(key_block.into_contents());
         let private = PrivateKeyDer::try_from(key_der.as_slice()).map_err(|_| CaError::KeyPem)?;
-        let key = CaKey(KeyPair::from_der_and_sign_algo(&private, algorithm).map_err(|_| CaError::KeyMismatch)?);
+        let key = CaKey(
+            KeyPair::from_der_and_sign_algo(&private, algorithm)
+                .map_err(|_| CaError::KeyMismatch)?,
+        );
         if key.der_bytes() != spki.subject_public_key.data.as_ref() {
             return Err(CaError::KeyMismatch);
         }
@@ -189,7 +208,13 @@ impl ClusterCa {
             .map_err(|e| CaError::CertificateDer { why: e.to_string() })?;
         let not_after = x509.validity().not_after.to_datetime();
         let fingerprint = sha256(&cert_der);
-        Ok(Self { issuer, not_after, subject, fingerprint, cert_der })
+        Ok(Self {
+            issuer,
+            not_after,
+            subject,
+            fingerprint,
+            cert_der,
+        })
     }
 
     /// The CA certificate, DER.
@@ -207,11 +232,35 @@ impl ClusterCa {
         self.not_after
     }
 
+    /// Signs the request in a CSR's `spec.request` (see [`ClusterCa::issue`]).
+    pub fn issue_for_request(
+        &self,
+        request: &[u8],
+        validity: Validity,
+    ) -> Result<IssuedCertificate, IssueError> {
+        let envelope = crate::envelope::RequestEnvelope::parse(request)
+            .map_err(|e| IssueError::Request(e.to_string()))?;
+        let csr = ParsedCsr::from_der(&envelope.csr_der)
+            .map_err(|e| IssueError::Request(e.to_string()))?;
+        let extension = csr
+            .provider_id_extensions()
+            .next()
+            .ok_or_else(|| IssueError::Request("no provider-ID extension".into()))?;
+        let provider_id = ProviderId::from_extension_value(&extension.value)
+            .map_err(|e| IssueError::Request(e.to_string()))?;
+        self.issue(&csr, &provider_id, validity)
+    }
+
     /// Signs a client certificate for an approved request: random 160-bit serial; NotBefore
     /// now-5m; NotAfter min(now + min(requested, max), CA NotAfter); subject CN and O copied;
     /// no SAN; KeyUsage digitalSignature (+keyEncipherment for RSA); EKU clientAuth;
     /// BasicConstraints CA:false; AKI and SKI; the provider-ID extension.
-    pub fn issue(&self, csr: &ParsedCsr, provider_id: &ProviderId, validity: Validity) -> Result<IssuedCertificate, IssueError> {
+    pub fn issue(
+        &self,
+        csr: &ParsedCsr,
+        provider_id: &ProviderId,
+        validity: Validity,
+    ) -> Result<IssuedCertificate, IssueError> {
         let key = CsrKey::new(csr)?;
         let lifetime = match validity.requested_seconds {
             Some(seconds) if seconds > 0 => Duration::seconds(seconds).min(validity.max),
@@ -219,7 +268,9 @@ impl ClusterCa {
         };
         let not_after = (validity.now + lifetime).min(self.not_after);
         if not_after <= validity.now {
-            return Err(IssueError::CaExpired { not_after: self.not_after });
+            return Err(IssueError::CaExpired {
+                not_after: self.not_after,
+            });
         }
 
         let mut params = CertificateParams::default();
@@ -228,16 +279,27 @@ impl ClusterCa {
         params.not_after = not_after;
         params.distinguished_name = copy_subject(csr)?;
         params.key_usages = if csr.key_kind.is_rsa() {
-            vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment]
+            vec![
+                KeyUsagePurpose::DigitalSignature,
+                KeyUsagePurpose::KeyEncipherment,
+            ]
         } else {
             vec![KeyUsagePurpose::DigitalSignature]
         };
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.is_ca = IsCa::ExplicitNoCa;
         params.use_authority_key_identifier_extension = true;
-        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value())];
-        let cert = params.signed_by(&key, &self.issuer).map_err(|e| IssueError::Build(e.to_string()))?;
-        Ok(IssuedCertificate { der: cert.der().to_vec(), not_after })
+        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+            PROVIDER_ID_OID,
+            provider_id.to_extension_value(),
+        )];
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| IssueError::Build(e.to_string()))?;
+        Ok(IssuedCertificate {
+            der: cert.der().to_vec(),
+            not_after,
+        })
     }
 }
 
@@ -254,9 +316,16 @@ impl<'a> CsrKey<'a> {
             PublicKeyKind::EcdsaP256 => &rcgen::PKCS_ECDSA_P256_SHA256,
             PublicKeyKind::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
             PublicKeyKind::Ed25519 => &rcgen::PKCS_ED25519,
-            ref other => return Err(IssueError::UnsupportedKey { key: other.to_string() }),
+            ref other => {
+                return Err(IssueError::UnsupportedKey {
+                    key: other.to_string(),
+                });
+            }
         };
-        Ok(Self { algorithm, key: &csr.public_key })
+        Ok(Self {
+            algorithm,
+            key: &csr.public_key,
+        })
     }
 }
 
@@ -282,7 +351,11 @@ fn copy_subject(csr: &ParsedCsr) -> Result<DistinguishedName, IssueError> {
         };
         let value = attribute.value.clone().unwrap_or_default();
         let value = match attribute.kind {
-            StringKind::Printable => DnValue::PrintableString(value.try_into().map_err(|e: rcgen::Error| IssueError::Build(e.to_string()))?),
+            StringKind::Printable => DnValue::PrintableString(
+                value
+                    .try_into()
+                    .map_err(|e: rcgen::Error| IssueError::Build(e.to_string()))?,
+            ),
             _ => DnValue::Utf8String(value),
         };
         dn.push(ty, value);
@@ -290,8 +363,12 @@ fn copy_subject(csr: &ParsedCsr) -> Result<DistinguishedName, IssueError> {
     Ok(dn)
 }
 
-fn signing_algorithm(algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>) -> Option<&'static SignatureAlgorithm> {
-    use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION};
+fn signing_algorithm(
+    algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>,
+) -> Option<&'static SignatureAlgorithm> {
+    use x509_parser::oid_registry::{
+        OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
+    };
     if algorithm.algorithm == OID_PKCS1_RSAENCRYPTION {
         return Some(&rcgen::PKCS_RSA_SHA256);
     }
@@ -310,7 +387,9 @@ fn signing_algorithm(algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>) -> 
 /// 20 random bytes with the top bit cleared: a positive 159-bit serial.
 fn random_serial() -> Result<Vec<u8>, String> {
     let mut serial = vec![0u8; 20];
-    SystemRandom::new().fill(&mut serial).map_err(|_| "the system random source failed".to_owned())?;
+    SystemRandom::new()
+        .fill(&mut serial)
+        .map_err(|_| "the system random source failed".to_owned())?;
     serial[0] &= 0x7f;
     serial[0] |= 0x40;
     Ok(serial)

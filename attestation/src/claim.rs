@@ -48,7 +48,9 @@ pub enum ClaimState {
 impl ClaimState {
     /// Reads a Machine's claim annotation against the Machine's provider ID.
     pub fn of_machine(annotation: Option<&str>, provider_id: Option<&str>) -> Self {
-        let Some(raw) = annotation else { return Self::Unclaimed };
+        let Some(raw) = annotation else {
+            return Self::Unclaimed;
+        };
         match serde_json::from_str::<KubeletClaim>(raw) {
             Ok(claim) if Some(claim.provider_id.as_str()) == provider_id => Self::Valid(claim),
             Ok(claim) => Self::Stale(claim),
@@ -80,10 +82,16 @@ pub enum PoolClaims {
 impl PoolClaims {
     /// Reads a MachinePool's claims annotation.
     pub fn parse(annotation: Option<&str>) -> Self {
-        let Some(raw) = annotation else { return Self::None };
+        let Some(raw) = annotation else {
+            return Self::None;
+        };
         match serde_json::from_str::<BTreeMap<String, KubeletClaim>>(raw) {
-            Ok(records) if records.iter().all(|(k, v)| *k == v.provider_id) => Self::Records(records),
-            Ok(_) => Self::Unreadable(format!("{ANNOTATION_POOL_CLAIMS}: a key differs from its record's providerID")),
+            Ok(records) if records.iter().all(|(k, v)| *k == v.provider_id) => {
+                Self::Records(records)
+            }
+            Ok(_) => Self::Unreadable(format!(
+                "{ANNOTATION_POOL_CLAIMS}: a key differs from its record's providerID"
+            )),
             Err(e) => Self::Unreadable(format!("{ANNOTATION_POOL_CLAIMS} does not decode: {e}")),
         }
     }
@@ -92,7 +100,10 @@ impl PoolClaims {
     pub fn instance(&self, provider_id: &str) -> ClaimState {
         match self {
             Self::None => ClaimState::Unclaimed,
-            Self::Records(r) => r.get(provider_id).cloned().map_or(ClaimState::Unclaimed, ClaimState::Valid),
+            Self::Records(r) => r
+                .get(provider_id)
+                .cloned()
+                .map_or(ClaimState::Unclaimed, ClaimState::Valid),
             Self::Unreadable(why) => ClaimState::Unreadable(why.clone()),
         }
     }
@@ -117,9 +128,19 @@ pub struct ClaimWrite {
 
 impl ClaimWrite {
     /// The write for a Machine.
-    pub fn machine(target: TargetRef, resource_version: Option<String>, record: KubeletClaim) -> Self {
+    pub fn machine(
+        target: TargetRef,
+        resource_version: Option<String>,
+        record: KubeletClaim,
+    ) -> Self {
         let value = serde_json::to_string(&record).unwrap_or_default();
-        Self { target, resource_version, record, annotation: ANNOTATION_CLAIM, value }
+        Self {
+            target,
+            resource_version,
+            record,
+            annotation: ANNOTATION_CLAIM,
+            value,
+        }
     }
 
     /// The write for a MachinePool: existing records of instances still listed, plus this one.
@@ -137,7 +158,13 @@ impl ClaimWrite {
         records.retain(|k, _| live_provider_ids.iter().any(|p| p == k));
         records.insert(record.provider_id.clone(), record.clone());
         let value = serde_json::to_string(&records).unwrap_or_default();
-        Self { target, resource_version, record, annotation: ANNOTATION_POOL_CLAIMS, value }
+        Self {
+            target,
+            resource_version,
+            record,
+            annotation: ANNOTATION_POOL_CLAIMS,
+            value,
+        }
     }
 }
 
@@ -158,25 +185,54 @@ mod tests {
     #[test]
     fn machine_claims_are_valid_stale_or_unreadable() {
         let raw = serde_json::to_string(&record("p1")).unwrap();
-        assert!(matches!(ClaimState::of_machine(Some(&raw), Some("p1")), ClaimState::Valid(_)));
-        assert!(matches!(ClaimState::of_machine(Some(&raw), Some("p2")), ClaimState::Stale(_)));
-        assert!(matches!(ClaimState::of_machine(Some("{"), Some("p1")), ClaimState::Unreadable(_)));
-        assert!(matches!(ClaimState::of_machine(Some(r#"{"nodeName":"n"}"#), Some("p1")), ClaimState::Unreadable(_)));
-        assert_eq!(ClaimState::of_machine(None, Some("p1")), ClaimState::Unclaimed);
+        assert!(matches!(
+            ClaimState::of_machine(Some(&raw), Some("p1")),
+            ClaimState::Valid(_)
+        ));
+        assert!(matches!(
+            ClaimState::of_machine(Some(&raw), Some("p2")),
+            ClaimState::Stale(_)
+        ));
+        assert!(matches!(
+            ClaimState::of_machine(Some("{"), Some("p1")),
+            ClaimState::Unreadable(_)
+        ));
+        assert!(matches!(
+            ClaimState::of_machine(Some(r#"{"nodeName":"n"}"#), Some("p1")),
+            ClaimState::Unreadable(_)
+        ));
+        assert_eq!(
+            ClaimState::of_machine(None, Some("p1")),
+            ClaimState::Unclaimed
+        );
     }
 
     #[test]
     fn pool_writes_prune_instances_no_longer_listed() {
-        let existing = PoolClaims::Records(BTreeMap::from([("gone".into(), record("gone")), ("p1".into(), record("p1"))]));
+        let existing = PoolClaims::Records(BTreeMap::from([
+            ("gone".into(), record("gone")),
+            ("p1".into(), record("p1")),
+        ]));
         let target = TargetRef::pool("pool", "ns", "uid");
-        let write = ClaimWrite::pool(target, None, &existing, &["p1".into(), "p2".into()], record("p2"));
-        let PoolClaims::Records(written) = PoolClaims::parse(Some(&write.value)) else { panic!("{}", write.value) };
+        let write = ClaimWrite::pool(
+            target,
+            None,
+            &existing,
+            &["p1".into(), "p2".into()],
+            record("p2"),
+        );
+        let PoolClaims::Records(written) = PoolClaims::parse(Some(&write.value)) else {
+            panic!("{}", write.value)
+        };
         assert_eq!(written.keys().collect::<Vec<_>>(), ["p1", "p2"]);
     }
 
     #[test]
     fn pool_claims_with_mismatched_keys_are_unreadable() {
         let raw = serde_json::to_string(&BTreeMap::from([("p9", record("p1"))])).unwrap();
-        assert!(matches!(PoolClaims::parse(Some(&raw)).instance("p9"), ClaimState::Unreadable(_)));
+        assert!(matches!(
+            PoolClaims::parse(Some(&raw)).instance("p9"),
+            ClaimState::Unreadable(_)
+        ));
     }
 }

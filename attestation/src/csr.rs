@@ -46,7 +46,9 @@ pub enum CsrError {
 #[non_exhaustive]
 pub enum SignatureError {
     /// A key type or size outside SPEC rule 2.
-    #[error("key {key} is not accepted: use ECDSA P-256/P-384, RSA 2048-4096 with e=65537, or Ed25519")]
+    #[error(
+        "key {key} is not accepted: use ECDSA P-256/P-384, RSA 2048-4096 with e=65537, or Ed25519"
+    )]
     KeyNotAllowed {
         /// The key's description.
         key: PublicKeyKind,
@@ -87,7 +89,10 @@ impl PublicKeyKind {
     /// Whether SPEC rule 2 accepts this key.
     pub fn is_allowed(&self) -> bool {
         match self {
-            Self::Rsa { bits, exponent_65537 } => *exponent_65537 && (2048..=4096).contains(bits),
+            Self::Rsa {
+                bits,
+                exponent_65537,
+            } => *exponent_65537 && (2048..=4096).contains(bits),
             Self::EcdsaP256 | Self::EcdsaP384 | Self::Ed25519 => true,
             Self::Other(_) => false,
         }
@@ -102,8 +107,14 @@ impl PublicKeyKind {
 impl fmt::Display for PublicKeyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Rsa { bits, exponent_65537: true } => write!(f, "RSA-{bits}"),
-            Self::Rsa { bits, exponent_65537: false } => write!(f, "RSA-{bits} (exponent not 65537)"),
+            Self::Rsa {
+                bits,
+                exponent_65537: true,
+            } => write!(f, "RSA-{bits}"),
+            Self::Rsa {
+                bits,
+                exponent_65537: false,
+            } => write!(f, "RSA-{bits} (exponent not 65537)"),
             Self::EcdsaP256 => f.write_str("ECDSA P-256"),
             Self::EcdsaP384 => f.write_str("ECDSA P-384"),
             Self::Ed25519 => f.write_str("Ed25519"),
@@ -215,7 +226,10 @@ impl fmt::Debug for ParsedCsr {
         f.debug_struct("ParsedCsr")
             .field("subject", &self.subject)
             .field("key_kind", &self.key_kind)
-            .field("extensions", &self.extensions.iter().map(|e| &e.oid).collect::<Vec<_>>())
+            .field(
+                "extensions",
+                &self.extensions.iter().map(|e| &e.oid).collect::<Vec<_>>(),
+            )
             .field("subject_alt_names", &self.subject_alt_names)
             .finish_non_exhaustive()
     }
@@ -298,20 +312,34 @@ impl ParsedCsr {
     /// Checks the key against SPEC rule 2, then the self-signature.
     pub fn verify_signature(&self) -> Result<(), SignatureError> {
         if !self.key_kind.is_allowed() {
-            return Err(SignatureError::KeyNotAllowed { key: self.key_kind.clone() });
+            return Err(SignatureError::KeyNotAllowed {
+                key: self.key_kind.clone(),
+            });
         }
         // `from_der` succeeded on these bytes, so this parse cannot fail; map it anyway.
-        let (_, req) = X509CertificationRequest::from_der(&self.der).map_err(|_| SignatureError::Mismatch)?;
+        let (_, req) =
+            X509CertificationRequest::from_der(&self.der).map_err(|_| SignatureError::Mismatch)?;
         let algorithm = &req.signature_algorithm.algorithm;
         if *algorithm == OID_PKCS1_SHA1WITHRSA || *algorithm == OID_SHA1_WITH_RSA {
-            return Err(SignatureError::AlgorithmNotAllowed { oid: algorithm.to_id_string() });
+            return Err(SignatureError::AlgorithmNotAllowed {
+                oid: algorithm.to_id_string(),
+            });
         }
         req.verify_signature().map_err(|e| match e {
             x509_parser::error::X509Error::SignatureUnsupportedAlgorithm => {
-                SignatureError::AlgorithmNotAllowed { oid: algorithm.to_id_string() }
+                SignatureError::AlgorithmNotAllowed {
+                    oid: algorithm.to_id_string(),
+                }
             }
             _ => SignatureError::Mismatch,
         })
+    }
+
+    /// The requested provider-ID extensions (rule 5 allows one).
+    pub fn provider_id_extensions(&self) -> impl Iterator<Item = &RequestedExtension> {
+        self.extensions
+            .iter()
+            .filter(|e| e.oid == crate::names::PROVIDER_ID_OID_DOTTED)
     }
 
     /// Values of the subject attributes that are commonNames.
@@ -337,7 +365,11 @@ fn classify_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> PublicKey
         };
     }
     if *algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
-        let curve = spki.algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok());
+        let curve = spki
+            .algorithm
+            .parameters
+            .as_ref()
+            .and_then(|p| p.as_oid().ok());
         return match curve {
             Some(c) if c == OID_EC_P256 => PublicKeyKind::EcdsaP256,
             Some(c) if c == OID_NIST_EC_P384 => PublicKeyKind::EcdsaP384,
@@ -359,8 +391,13 @@ fn bit_length(big_endian: &[u8]) -> usize {
     trimmed.len() * 8 - trimmed[0].leading_zeros() as usize
 }
 
-fn decode_san(ext: &x509_parser::extensions::X509Extension<'_>) -> Result<Vec<SubjectAltName>, CsrError> {
-    let malformed = |why: &str| CsrError::MalformedExtension { oid: ext.oid.to_id_string(), why: why.to_owned() };
+fn decode_san(
+    ext: &x509_parser::extensions::X509Extension<'_>,
+) -> Result<Vec<SubjectAltName>, CsrError> {
+    let malformed = |why: &str| CsrError::MalformedExtension {
+        oid: ext.oid.to_id_string(),
+        why: why.to_owned(),
+    };
     let ParsedExtension::SubjectAlternativeName(san) = ext.parsed_extension() else {
         return Err(malformed("subjectAltName does not decode"));
     };
@@ -372,8 +409,12 @@ fn decode_san(ext: &x509_parser::extensions::X509Extension<'_>) -> Result<Vec<Su
                 GeneralName::RFC822Name(v) => SubjectAltName::Email((*v).to_owned()),
                 GeneralName::URI(v) => SubjectAltName::Uri((*v).to_owned()),
                 GeneralName::IPAddress(bytes) => SubjectAltName::Ip(match bytes.len() {
-                    4 => IpAddr::from(<[u8; 4]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?),
-                    16 => IpAddr::from(<[u8; 16]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?),
+                    4 => {
+                        IpAddr::from(<[u8; 4]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?)
+                    }
+                    16 => {
+                        IpAddr::from(<[u8; 16]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?)
+                    }
                     n => return Err(malformed(&format!("IP address of {n} bytes"))),
                 }),
                 other => SubjectAltName::Other(format!("{other:?}").chars().take(64).collect()),
@@ -396,7 +437,13 @@ mod tests {
 
     #[test]
     fn garbage_is_malformed_not_a_panic() {
-        assert!(matches!(ParsedCsr::from_der(b"\x30\x03\x02\x01\x01"), Err(CsrError::Malformed { .. })));
-        assert!(matches!(ParsedCsr::from_der(b""), Err(CsrError::Malformed { .. })));
+        assert!(matches!(
+            ParsedCsr::from_der(b"\x30\x03\x02\x01\x01"),
+            Err(CsrError::Malformed { .. })
+        ));
+        assert!(matches!(
+            ParsedCsr::from_der(b""),
+            Err(CsrError::Malformed { .. })
+        ));
     }
 }

@@ -73,22 +73,31 @@ pub struct ProviderVersion {
 impl ProviderVersion {
     /// Parses `<provider>/<version>`: two non-empty parts of `[a-z0-9-]`.
     pub fn parse(value: &str) -> Result<Self, EnvelopeError> {
-        let bad = || EnvelopeError::BadProvider { value: crate::identity::truncate(value, 64) };
+        let bad = || EnvelopeError::BadProvider {
+            value: crate::identity::truncate(value, 64),
+        };
         let (provider, version) = value.split_once('/').ok_or_else(bad)?;
         let part_ok = |s: &str| {
             !s.is_empty()
                 && s.len() <= 32
-                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && s.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         };
         if !part_ok(provider) || !part_ok(version) {
             return Err(bad());
         }
-        Ok(Self { provider: provider.to_owned(), version: version.to_owned() })
+        Ok(Self {
+            provider: provider.to_owned(),
+            version: version.to_owned(),
+        })
     }
 
     /// Builds one from known-good parts (attestors name themselves with this).
     pub fn new(provider: &str, version: &str) -> Self {
-        Self { provider: provider.to_owned(), version: version.to_owned() }
+        Self {
+            provider: provider.to_owned(),
+            version: version.to_owned(),
+        }
     }
 
     /// The provider, e.g. `tpm`.
@@ -124,7 +133,10 @@ impl fmt::Debug for RequestEnvelope {
         f.debug_struct("RequestEnvelope")
             .field("csr_der", &format_args!("{} bytes", self.csr_der.len()))
             .field("provider", &self.provider)
-            .field("data", &self.data.as_ref().map(|d| format!("{} bytes", d.len())))
+            .field(
+                "data",
+                &self.data.as_ref().map(|d| format!("{} bytes", d.len())),
+            )
             .finish()
     }
 }
@@ -154,8 +166,11 @@ impl RequestEnvelope {
             None => None,
             Some(block) => {
                 expect_label(&block, PEM_PROVIDER, 2, "the ATTESTATION PROVIDER block")?;
-                let value = std::str::from_utf8(block.contents())
-                    .map_err(|_| EnvelopeError::BadProvider { value: "<not UTF-8>".into() })?;
+                let value = std::str::from_utf8(block.contents()).map_err(|_| {
+                    EnvelopeError::BadProvider {
+                        value: "<not UTF-8>".into(),
+                    }
+                })?;
                 Some(ProviderVersion::parse(value)?)
             }
         };
@@ -173,7 +188,11 @@ impl RequestEnvelope {
                 expected: "nothing after the ATTESTATION DATA block",
             });
         }
-        Ok(Self { csr_der: csr.into_contents(), provider, data })
+        Ok(Self {
+            csr_der: csr.into_contents(),
+            provider,
+            data,
+        })
     }
 
     /// Encodes the envelope as `spec.request` text.
@@ -181,12 +200,18 @@ impl RequestEnvelope {
         let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
         let mut blocks = vec![pem::Pem::new(PEM_CSR, self.csr_der.clone())];
         if let Some(provider) = &self.provider {
-            blocks.push(pem::Pem::new(PEM_PROVIDER, provider.to_string().into_bytes()));
+            blocks.push(pem::Pem::new(
+                PEM_PROVIDER,
+                provider.to_string().into_bytes(),
+            ));
             if let Some(data) = &self.data {
                 blocks.push(pem::Pem::new(PEM_DATA, data.clone()));
             }
         }
-        pem::encode_many_config(&blocks, config)
+        blocks
+            .iter()
+            .map(|block| pem::encode_config(block, config))
+            .collect()
     }
 }
 
@@ -202,17 +227,24 @@ fn next_block(text: &str, start: usize) -> Result<(pem::Pem, usize), EnvelopeErr
     if !rest.starts_with(BEGIN) {
         return Err(EnvelopeError::StrayBytes { offset: start });
     }
-    let malformed = |why: &str| EnvelopeError::MalformedBlock { offset: start, why: why.to_owned() };
+    let malformed = |why: &str| EnvelopeError::MalformedBlock {
+        offset: start,
+        why: why.to_owned(),
+    };
     let label_end = rest[BEGIN.len()..]
         .find("-----")
         .ok_or_else(|| malformed("unterminated BEGIN line"))?;
     let label = &rest[BEGIN.len()..BEGIN.len() + label_end];
     let end_marker = format!("-----END {label}-----");
-    let end = rest.find(&end_marker).ok_or_else(|| malformed("no matching END line"))?
+    let end = rest
+        .find(&end_marker)
+        .ok_or_else(|| malformed("no matching END line"))?
         + end_marker.len();
     let block = pem::parse(&rest[..end]).map_err(|e| malformed(&e.to_string()))?;
     if block.headers().iter().next().is_some() {
-        return Err(EnvelopeError::Headers { label: crate::identity::truncate(label, 64) });
+        return Err(EnvelopeError::Headers {
+            label: crate::identity::truncate(label, 64),
+        });
     }
     Ok((block, start + end))
 }
@@ -248,7 +280,11 @@ mod tests {
 
     #[test]
     fn encode_then_parse_round_trips() {
-        for e in [envelope(None, None), envelope(Some("insecure/v1"), None), envelope(Some("tpm/v1"), Some(b"{}"))] {
+        for e in [
+            envelope(None, None),
+            envelope(Some("insecure/v1"), None),
+            envelope(Some("tpm/v1"), Some(b"{}")),
+        ] {
             assert_eq!(RequestEnvelope::parse(e.encode().as_bytes()), Ok(e));
         }
     }
@@ -268,7 +304,10 @@ mod tests {
             key.clone(),
         ] {
             assert!(
-                matches!(RequestEnvelope::parse(bad.as_bytes()), Err(EnvelopeError::UnexpectedBlock { .. })),
+                matches!(
+                    RequestEnvelope::parse(bad.as_bytes()),
+                    Err(EnvelopeError::UnexpectedBlock { .. })
+                ),
                 "{bad}"
             );
         }
@@ -287,22 +326,35 @@ mod tests {
         ));
         assert_eq!(RequestEnvelope::parse(b"  \n"), Err(EnvelopeError::Empty));
         let with_headers = "-----BEGIN CERTIFICATE REQUEST-----\nProc-Type: 4,ENCRYPTED\n\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
-        assert!(matches!(RequestEnvelope::parse(with_headers.as_bytes()), Err(EnvelopeError::Headers { .. })));
+        assert!(matches!(
+            RequestEnvelope::parse(with_headers.as_bytes()),
+            Err(EnvelopeError::Headers { .. })
+        ));
         let big = vec![b' '; MAX_REQUEST_BYTES + 1];
-        assert_eq!(RequestEnvelope::parse(&big), Err(EnvelopeError::TooLarge { len: MAX_REQUEST_BYTES + 1 }));
+        assert_eq!(
+            RequestEnvelope::parse(&big),
+            Err(EnvelopeError::TooLarge {
+                len: MAX_REQUEST_BYTES + 1
+            })
+        );
         assert!(matches!(
             RequestEnvelope::parse(b"-----BEGIN CERTIFICATE REQUEST-----\nAQ==\n"),
             Err(EnvelopeError::MalformedBlock { .. })
         ));
         assert!(matches!(
-            RequestEnvelope::parse(b"-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"),
+            RequestEnvelope::parse(
+                b"-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"
+            ),
             Err(EnvelopeError::MalformedBlock { .. })
         ));
     }
 
     #[test]
     fn provider_versions_are_two_simple_parts() {
-        assert_eq!(ProviderVersion::parse("tpm/v1").map(|p| p.to_string()), Ok("tpm/v1".into()));
+        assert_eq!(
+            ProviderVersion::parse("tpm/v1").map(|p| p.to_string()),
+            Ok("tpm/v1".into())
+        );
         for bad in ["tpm", "/v1", "tpm/", "tpm/v1/x", "TPM/v1", "tpm/v 1", ""] {
             assert!(ProviderVersion::parse(bad).is_err(), "{bad}");
         }

@@ -38,7 +38,10 @@ pub struct NodeName(String);
 impl NodeName {
     /// Checks `value` and wraps it.
     pub fn new(value: &str) -> Result<Self, IdentityError> {
-        let fail = |why| IdentityError::NotDnsSubdomain { value: truncate(value, 80), why };
+        let fail = |why| IdentityError::NotDnsSubdomain {
+            value: truncate(value, 80),
+            why,
+        };
         if value.is_empty() {
             return Err(fail("empty"));
         }
@@ -53,10 +56,17 @@ impl NodeName {
             if !first.is_ascii_lowercase() && !first.is_ascii_digit()
                 || !last.is_ascii_lowercase() && !last.is_ascii_digit()
             {
-                return Err(fail("a label must start and end with a lowercase letter or digit"));
+                return Err(fail(
+                    "a label must start and end with a lowercase letter or digit",
+                ));
             }
-            if !bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-') {
-                return Err(fail("only lowercase letters, digits, '-' and '.' are allowed"));
+            if !bytes
+                .iter()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            {
+                return Err(fail(
+                    "only lowercase letters, digits, '-' and '.' are allowed",
+                ));
             }
         }
         Ok(Self(value.to_owned()))
@@ -142,7 +152,18 @@ mod tests {
         for ok in ["a", "node-1", "ip-10-0-0-1.ec2.internal", &"a".repeat(253)] {
             assert!(NodeName::new(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "Node", "-a", "a-", "a..b", ".a", "a_b", "a b", &"a".repeat(254), "nöde"] {
+        for bad in [
+            "",
+            "Node",
+            "-a",
+            "a-",
+            "a..b",
+            ".a",
+            "a_b",
+            "a b",
+            &"a".repeat(254),
+            "nöde",
+        ] {
             assert!(NodeName::new(bad).is_err(), "{bad}");
         }
     }

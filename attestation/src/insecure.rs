@@ -2,7 +2,9 @@
 //! with no secure mechanism. It sends no DATA block; every non-attestation rule still applies,
 //! the claim included, so the first CSR to claim an unregistered Machine wins.
 
-use crate::attestor::{AttestError, AttestationRequest, Attestor, Evidence, Verification, Verifier};
+use crate::attestor::{
+    AttestError, AttestationRequest, Attestor, Evidence, Verification, Verifier,
+};
 use crate::decision::DenyReason;
 use crate::envelope::ProviderVersion;
 use crate::names::SIGNER_INSECURE;
@@ -23,7 +25,10 @@ impl Attestor for InsecureAttestor {
         SIGNER_INSECURE
     }
 
-    fn attest(&mut self, _request: &AttestationRequest<'_>) -> Result<Option<Vec<u8>>, AttestError> {
+    fn attest(
+        &mut self,
+        _request: &AttestationRequest<'_>,
+    ) -> Result<Option<Vec<u8>>, AttestError> {
         Ok(None)
     }
 }
@@ -47,10 +52,16 @@ impl Verifier for InsecureVerifier {
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
         match evidence.data {
-            None => Verification::Verified { ek_sha256: None, note: "insecure/v1: nothing to verify".into() },
+            None => Verification::Verified {
+                ek_sha256: None,
+                note: "insecure/v1: nothing to verify".into(),
+            },
             Some(data) => Verification::Failed {
                 reason: DenyReason::AttestationInvalid,
-                message: format!("insecure/v1 sends no ATTESTATION DATA block, got {} bytes", data.len()),
+                message: format!(
+                    "insecure/v1 sends no ATTESTATION DATA block, got {} bytes",
+                    data.len()
+                ),
             },
         }
     }

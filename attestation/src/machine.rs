@@ -9,7 +9,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::claim::{ClaimState, PoolClaims};
-use crate::names::{ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_POOL_CLAIMS};
+use crate::names::{
+    ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN,
+    ANNOTATION_POOL_CLAIMS,
+};
 
 /// Why an object cannot be read as the view asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,12 +78,22 @@ pub struct TargetRef {
 impl TargetRef {
     /// A Machine reference.
     pub fn machine(name: &str, namespace: &str, uid: &str) -> Self {
-        Self { kind: TargetKind::Machine, name: name.into(), namespace: namespace.into(), uid: uid.into() }
+        Self {
+            kind: TargetKind::Machine,
+            name: name.into(),
+            namespace: namespace.into(),
+            uid: uid.into(),
+        }
     }
 
     /// A MachinePool reference.
     pub fn pool(name: &str, namespace: &str, uid: &str) -> Self {
-        Self { kind: TargetKind::MachinePool, name: name.into(), namespace: namespace.into(), uid: uid.into() }
+        Self {
+            kind: TargetKind::MachinePool,
+            name: name.into(),
+            namespace: namespace.into(),
+            uid: uid.into(),
+        }
     }
 }
 
@@ -97,7 +110,10 @@ pub struct MachineAddress {
 impl MachineAddress {
     /// A DNS-kind address (`Hostname`, `InternalDNS`, `ExternalDNS`).
     pub fn is_dns(&self) -> bool {
-        matches!(self.kind.as_str(), "Hostname" | "InternalDNS" | "ExternalDNS")
+        matches!(
+            self.kind.as_str(),
+            "Hostname" | "InternalDNS" | "ExternalDNS"
+        )
     }
 
     /// An IP-kind address (`InternalIP`, `ExternalIP`).
@@ -205,7 +221,9 @@ pub struct KubeadmConfigView {
 impl KubeadmConfigView {
     /// The username the join token authenticates as.
     pub fn join_username(&self) -> Option<String> {
-        self.join_token_id.as_ref().map(|id| format!("{}{id}", crate::names::BOOTSTRAP_USER_PREFIX))
+        self.join_token_id
+            .as_ref()
+            .map(|id| format!("{}{id}", crate::names::BOOTSTRAP_USER_PREFIX))
     }
 }
 
@@ -238,9 +256,18 @@ impl ClusterView {
 
     /// Reads a `cluster.x-k8s.io` Cluster.
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
-        let meta = Meta::read(object, "Cluster", &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"])?;
+        let meta = Meta::read(
+            object,
+            "Cluster",
+            &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"],
+        )?;
         let allowed_attestors = match meta.annotation(ANNOTATION_ALLOWED_ATTESTORS) {
-            Some(list) => list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+            Some(list) => list
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
             None => vec!["tpm".to_owned()],
         };
         Ok(Self {
@@ -271,7 +298,10 @@ impl NodeView {
     /// Reads a core/v1 Node.
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
         let meta = Meta::read(object, "Node", &["v1"])?;
-        Ok(Self { provider_id: str_at(object, &["spec", "providerID"]).map(str::to_owned), name: meta.name })
+        Ok(Self {
+            provider_id: str_at(object, &["spec", "providerID"]).map(str::to_owned),
+            name: meta.name,
+        })
     }
 }
 
@@ -291,9 +321,15 @@ impl MachineView {
     /// `status.initialization.bootstrapDataSecretCreated` or a true `BootstrapConfigReady`
     /// condition; v1beta1 `status.bootstrapReady`.
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
-        let meta = Meta::read(object, "Machine", &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"])?;
+        let meta = Meta::read(
+            object,
+            "Machine",
+            &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"],
+        )?;
         let api_version = meta.capi_version();
-        let provider_id = str_at(object, &["spec", "providerID"]).filter(|s| !s.is_empty()).map(str::to_owned);
+        let provider_id = str_at(object, &["spec", "providerID"])
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
         let addresses = match object.pointer("/status/addresses") {
             Some(Value::Array(items)) => items
                 .iter()
@@ -307,14 +343,25 @@ impl MachineView {
             _ => Vec::new(),
         };
         Ok(Self {
-            cluster_name: meta.required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?,
+            cluster_name: meta.required_str(
+                object,
+                "Machine",
+                &["spec", "clusterName"],
+                "spec.clusterName",
+            )?,
             bootstrap_ready: bootstrap_ready(object, api_version),
             bootstrap_config: config_ref(object.pointer("/spec/bootstrap/configRef")),
-            infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"]).map(str::to_owned),
-            node_ref: str_at(object, &["status", "nodeRef", "name"]).filter(|s| !s.is_empty()).map(str::to_owned),
+            infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"])
+                .map(str::to_owned),
+            node_ref: str_at(object, &["status", "nodeRef", "name"])
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
             addresses,
             ek_pins: meta.ek_pins(),
-            claim: ClaimState::of_machine(meta.annotation(ANNOTATION_CLAIM), provider_id.as_deref()),
+            claim: ClaimState::of_machine(
+                meta.annotation(ANNOTATION_CLAIM),
+                provider_id.as_deref(),
+            ),
             provider_id,
             deleting: meta.deleting,
             api_version,
@@ -334,14 +381,27 @@ impl MachineView {
 impl MachinePoolView {
     /// Reads a MachinePool of either version.
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
-        let meta = Meta::read(object, "MachinePool", &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"])?;
+        let meta = Meta::read(
+            object,
+            "MachinePool",
+            &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"],
+        )?;
         let api_version = meta.capi_version();
         let strings = |pointer: &str, field: &str| match object.pointer(pointer) {
-            Some(Value::Array(items)) => items.iter().filter_map(|i| i.pointer(field).and_then(Value::as_str)).map(str::to_owned).collect(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(|i| i.pointer(field).and_then(Value::as_str))
+                .map(str::to_owned)
+                .collect(),
             _ => Vec::new(),
         };
         Ok(Self {
-            cluster_name: meta.required_str(object, "MachinePool", &["spec", "clusterName"], "spec.clusterName")?,
+            cluster_name: meta.required_str(
+                object,
+                "MachinePool",
+                &["spec", "clusterName"],
+                "spec.clusterName",
+            )?,
             provider_ids: strings("/spec/providerIDList", ""),
             bootstrap_ready: bootstrap_ready(object, api_version),
             bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef")),
@@ -369,13 +429,29 @@ impl KubeadmConfigView {
         let meta = Meta::read(
             object,
             "KubeadmConfig",
-            &["bootstrap.cluster.x-k8s.io/v1beta2", "bootstrap.cluster.x-k8s.io/v1beta1"],
+            &[
+                "bootstrap.cluster.x-k8s.io/v1beta2",
+                "bootstrap.cluster.x-k8s.io/v1beta1",
+            ],
         )?;
-        let join_token_id = str_at(object, &["spec", "joinConfiguration", "discovery", "bootstrapToken", "token"])
-            .and_then(|token| token.split_once('.'))
-            .map(|(id, _secret)| id.to_owned())
-            .filter(|id| !id.is_empty());
-        Ok(Self { name: meta.name, namespace: meta.namespace, join_token_id })
+        let join_token_id = str_at(
+            object,
+            &[
+                "spec",
+                "joinConfiguration",
+                "discovery",
+                "bootstrapToken",
+                "token",
+            ],
+        )
+        .and_then(|token| token.split_once('.'))
+        .map(|(id, _secret)| id.to_owned())
+        .filter(|id| !id.is_empty());
+        Ok(Self {
+            name: meta.name,
+            namespace: meta.namespace,
+            join_token_id,
+        })
     }
 }
 
@@ -404,14 +480,22 @@ fn str_at<'a>(object: &'a Value, path: &[&str]) -> Option<&'a str> {
 
 fn bootstrap_ready(object: &Value, version: ApiVersion) -> bool {
     match version {
-        ApiVersion::V1beta1 => object.pointer("/status/bootstrapReady").and_then(Value::as_bool) == Some(true),
+        ApiVersion::V1beta1 => {
+            object
+                .pointer("/status/bootstrapReady")
+                .and_then(Value::as_bool)
+                == Some(true)
+        }
         ApiVersion::V1beta2 => {
-            object.pointer("/status/initialization/bootstrapDataSecretCreated").and_then(Value::as_bool) == Some(true)
+            object
+                .pointer("/status/initialization/bootstrapDataSecretCreated")
+                .and_then(Value::as_bool)
+                == Some(true)
                 || matches!(object.pointer("/status/conditions"), Some(Value::Array(conditions))
-                    if conditions.iter().any(|c| {
-                        c.get("type").and_then(Value::as_str) == Some("BootstrapConfigReady")
-                            && c.get("status").and_then(Value::as_str) == Some("True")
-                    }))
+                if conditions.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some("BootstrapConfigReady")
+                        && c.get("status").and_then(Value::as_str) == Some("True")
+                }))
         }
     }
 }
@@ -421,7 +505,12 @@ fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
     let api_group = match value.get("apiGroup").and_then(Value::as_str) {
         Some(group) => group.to_owned(),
         // v1beta1 ObjectReference: apiVersion is group/version.
-        None => value.get("apiVersion")?.as_str()?.split('/').next()?.to_owned(),
+        None => value
+            .get("apiVersion")?
+            .as_str()?
+            .split('/')
+            .next()?
+            .to_owned(),
     };
     Some(ConfigRef {
         api_group,
@@ -442,8 +531,14 @@ struct Meta<'a> {
 
 impl<'a> Meta<'a> {
     fn read(object: &'a Value, kind: &'static str, versions: &[&str]) -> Result<Self, ObjectError> {
-        let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-        let object_kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let api_version = object
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let object_kind = object
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if object_kind != kind || !versions.contains(&api_version) {
             return Err(ObjectError::WrongKind {
                 expected: kind,
@@ -461,31 +556,60 @@ impl<'a> Meta<'a> {
             object,
             api_version: api_version.to_owned(),
             name: name.to_owned(),
-            namespace: str_at(object, &["metadata", "namespace"]).unwrap_or("default").to_owned(),
-            uid: str_at(object, &["metadata", "uid"]).unwrap_or_default().to_owned(),
+            namespace: str_at(object, &["metadata", "namespace"])
+                .unwrap_or("default")
+                .to_owned(),
+            uid: str_at(object, &["metadata", "uid"])
+                .unwrap_or_default()
+                .to_owned(),
             resource_version: str_at(object, &["metadata", "resourceVersion"]).map(str::to_owned),
-            deleting: object.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()),
+            deleting: object
+                .pointer("/metadata/deletionTimestamp")
+                .is_some_and(|v| !v.is_null()),
         })
     }
 
     fn capi_version(&self) -> ApiVersion {
-        if self.api_version.ends_with("/v1beta1") { ApiVersion::V1beta1 } else { ApiVersion::V1beta2 }
+        if self.api_version.ends_with("/v1beta1") {
+            ApiVersion::V1beta1
+        } else {
+            ApiVersion::V1beta2
+        }
     }
 
     fn annotation(&self, key: &str) -> Option<&'a str> {
-        self.object.pointer("/metadata/annotations")?.get(key)?.as_str()
+        self.object
+            .pointer("/metadata/annotations")?
+            .get(key)?
+            .as_str()
     }
 
     fn ek_pins(&self) -> Vec<String> {
         self.annotation(ANNOTATION_EK_PIN)
-            .map(|list| list.split(',').map(|p| p.trim().to_ascii_lowercase()).filter(|p| !p.is_empty()).collect())
+            .map(|list| {
+                list.split(',')
+                    .map(|p| p.trim().to_ascii_lowercase())
+                    .filter(|p| !p.is_empty())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
-    fn required_str(&self, object: &Value, kind: &'static str, path: &[&str], field: &'static str) -> Result<String, ObjectError> {
+    fn required_str(
+        &self,
+        object: &Value,
+        kind: &'static str,
+        path: &[&str],
+        field: &'static str,
+    ) -> Result<String, ObjectError> {
         str_at(object, path)
             .map(str::to_owned)
-            .ok_or_else(|| ObjectError::Field { kind, name: self.name.clone(), field, expected: "string" })
+            .ok_or_else(|| ObjectError::Field {
+                kind,
+                name: self.name.clone(),
+                field,
+                expected: "string",
+            })
     }
 }
 
@@ -518,8 +642,19 @@ mod tests {
         let b = MachineView::from_object(&v1).unwrap();
         assert_eq!(a.api_version, ApiVersion::V1beta2);
         assert_eq!(b.api_version, ApiVersion::V1beta1);
-        assert_eq!(MachineView { api_version: ApiVersion::V1beta1, ..a }, b);
-        assert!(b.bootstrap_ready && b.bootstrap_config.as_ref().is_some_and(ConfigRef::is_kubeadm));
+        assert_eq!(
+            MachineView {
+                api_version: ApiVersion::V1beta1,
+                ..a
+            },
+            b
+        );
+        assert!(
+            b.bootstrap_ready
+                && b.bootstrap_config
+                    .as_ref()
+                    .is_some_and(ConfigRef::is_kubeadm)
+        );
     }
 
     #[test]
@@ -531,16 +666,32 @@ mod tests {
         });
         assert!(MachineView::from_object(&m).unwrap().bootstrap_ready);
         let not_ready = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {"clusterName": "c"}});
-        assert!(!MachineView::from_object(&not_ready).unwrap().bootstrap_ready);
+        assert!(
+            !MachineView::from_object(&not_ready)
+                .unwrap()
+                .bootstrap_ready
+        );
     }
 
     #[test]
     fn wrong_kinds_and_missing_fields_are_clear_errors() {
         let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}});
-        assert!(matches!(MachineView::from_object(&node), Err(ObjectError::WrongKind { .. })));
+        assert!(matches!(
+            MachineView::from_object(&node),
+            Err(ObjectError::WrongKind { .. })
+        ));
         let no_cluster = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {}});
-        assert!(matches!(MachineView::from_object(&no_cluster), Err(ObjectError::Field { field: "spec.clusterName", .. })));
-        assert!(matches!(MachineView::from_object(&json!(null)), Err(ObjectError::WrongKind { .. })));
+        assert!(matches!(
+            MachineView::from_object(&no_cluster),
+            Err(ObjectError::Field {
+                field: "spec.clusterName",
+                ..
+            })
+        ));
+        assert!(matches!(
+            MachineView::from_object(&json!(null)),
+            Err(ObjectError::WrongKind { .. })
+        ));
     }
 
     #[test]
@@ -550,7 +701,10 @@ mod tests {
             "spec": {"joinConfiguration": {"discovery": {"bootstrapToken": {"token": "abcdef.0123456789abcdef"}}}}
         });
         let view = KubeadmConfigView::from_object(&kc).unwrap();
-        assert_eq!(view.join_username().as_deref(), Some("system:bootstrap:abcdef"));
+        assert_eq!(
+            view.join_username().as_deref(),
+            Some("system:bootstrap:abcdef")
+        );
         assert!(!format!("{view:?}").contains("0123456789abcdef"));
     }
 

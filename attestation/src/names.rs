@@ -4,6 +4,8 @@
 
 /// Provider-ID X.509 extension: OID `1.3.6.1.4.1.11129.2.1.21`, non-critical, value a DER UTF8String.
 pub const PROVIDER_ID_OID: &[u64] = &[1, 3, 6, 1, 4, 1, 11129, 2, 1, 21];
+/// [`PROVIDER_ID_OID`] in dotted form, as parsed extensions name it.
+pub const PROVIDER_ID_OID_DOTTED: &str = "1.3.6.1.4.1.11129.2.1.21";
 
 /// PEM label of block 1 (PKCS#10).
 pub const PEM_CSR: &str = "CERTIFICATE REQUEST";
@@ -62,3 +64,12 @@ pub mod usage {
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// Longest provider ID accepted (SPEC rule 8).
 pub const MAX_PROVIDER_ID_BYTES: usize = 512;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn dotted_provider_id_oid_matches_its_arcs() {
+        let dotted: Vec<String> = super::PROVIDER_ID_OID.iter().map(u64::to_string).collect();
+        assert_eq!(dotted.join("."), super::PROVIDER_ID_OID_DOTTED);
+    }
+}

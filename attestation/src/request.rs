@@ -51,10 +51,13 @@ impl NodeKey {
         let key = match algorithm {
             KeyAlgorithm::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
             KeyAlgorithm::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
-            KeyAlgorithm::Rsa2048 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048),
+            KeyAlgorithm::Rsa2048 => {
+                KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+            }
             KeyAlgorithm::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
         };
-        key.map(Self).map_err(|e| RequestError::Build(e.to_string()))
+        key.map(Self)
+            .map_err(|e| RequestError::Build(e.to_string()))
     }
 
     /// The private key as PKCS#8 PEM (zeroized when dropped).
@@ -82,15 +85,28 @@ pub fn kubelet_client_params(node_name: &NodeName, provider_id: &ProviderId) -> 
     dn.push(DnType::OrganizationName, GROUP_NODES);
     dn.push(DnType::CommonName, node_name.username());
     params.distinguished_name = dn;
-    params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value())];
+    params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
+        PROVIDER_ID_OID,
+        provider_id.to_extension_value(),
+    )];
     params
 }
 
 /// Serializes `params` signed by `key`, asks `attestor` for evidence bound to the key, and wraps
 /// both in the envelope.
-pub fn build_envelope(params: &CertificateParams, key: &NodeKey, attestor: &mut dyn Attestor) -> Result<RequestEnvelope, RequestError> {
-    let csr = params.serialize_request(&key.0).map_err(|e| RequestError::Build(e.to_string()))?;
+pub fn build_envelope(
+    params: &CertificateParams,
+    key: &NodeKey,
+    attestor: &mut dyn Attestor,
+) -> Result<RequestEnvelope, RequestError> {
+    let csr = params
+        .serialize_request(&key.0)
+        .map_err(|e| RequestError::Build(e.to_string()))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key.0);
     let data = attestor.attest(&AttestationRequest::new(&spki))?;
-    Ok(RequestEnvelope { csr_der: csr.der().to_vec(), provider: Some(attestor.provider_version()), data })
+    Ok(RequestEnvelope {
+        csr_der: csr.der().to_vec(),
+        provider: Some(attestor.provider_version()),
+        data,
+    })
 }

@@ -1,3 +1,39 @@
-fn main() {
-    println!("Hello, world!");
+//! `node-attestation-signer`: approves and signs attested kubelet client certificates for
+//! Cluster API workload clusters. See the repository README.
+
+mod check;
+mod csr_object;
+mod manifests;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "node-attestation-signer", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Decide one CSR offline, with every rule's outcome; signs it when approved and a CA is given.
+    /// Exit 0 approved, 1 denied or left pending, 2 unusable input.
+    Check(check::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Check(args) => check::run(args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
 }

@@ -1,14 +1,15 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! Shared fixtures for the suites and benchmarks: certificate authorities in every key format
+//! Cluster API may hand the signer, kubelet-shaped CSRs (and deliberately broken ones), and
+//! Cluster API objects. Objects built here are validated against the real CRDs in
+//! `testdata/crds` by the `crd_fixtures` suite.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod ca;
+pub mod capi;
+pub mod csr;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
+use std::path::PathBuf;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }

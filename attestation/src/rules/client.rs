@@ -11,7 +11,8 @@ use crate::envelope::{ProviderVersion, RequestEnvelope};
 use crate::identity::{NodeName, ProviderId};
 use crate::machine::{ConfigRef, MachinePoolView, MachineView, TargetRef};
 use crate::names::{
-    ANNOTATION_SUPPORTED_VERSIONS, BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES, PROVIDER_ID_OID, usage,
+    ANNOTATION_SUPPORTED_VERSIONS, BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES,
+    PROVIDER_ID_OID_DOTTED, usage,
 };
 
 const ORDER: &[Rule] = &[
@@ -89,8 +90,15 @@ impl<'a> Target<'a> {
 
     fn node_registered(&self, name: &NodeName) -> Option<String> {
         match self {
-            Self::Machine(m) => m.node_ref.as_ref().map(|n| format!("status.nodeRef is {}", shown(n))),
-            Self::Pool(p) => p.node_refs.iter().any(|n| n == name.as_str()).then(|| "listed in status.nodeRefs".to_owned()),
+            Self::Machine(m) => m
+                .node_ref
+                .as_ref()
+                .map(|n| format!("status.nodeRef is {}", shown(n))),
+            Self::Pool(p) => p
+                .node_refs
+                .iter()
+                .any(|n| n == name.as_str())
+                .then(|| "listed in status.nodeRefs".to_owned()),
         }
     }
 }
@@ -99,7 +107,11 @@ impl<'a> Target<'a> {
 /// the EK on its claim (a node that lost its disk).
 enum OneIdentity {
     Settled,
-    NeedsClaimedEk { ek_sha256: String, reason: DenyReason, message: String },
+    NeedsClaimedEk {
+        ek_sha256: String,
+        reason: DenyReason,
+        message: String,
+    },
 }
 
 pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
@@ -109,7 +121,11 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     // Rule 1.
     let parsed = RequestEnvelope::parse(&csr.request)
         .map_err(|e| e.to_string())
-        .and_then(|envelope| ParsedCsr::from_der(&envelope.csr_der).map(|p| (envelope, p)).map_err(|e| e.to_string()));
+        .and_then(|envelope| {
+            ParsedCsr::from_der(&envelope.csr_der)
+                .map(|p| (envelope, p))
+                .map_err(|e| e.to_string())
+        });
     let (envelope, parsed) = match parsed {
         Ok(ok) => ok,
         Err(message) => {
@@ -118,15 +134,21 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             return book.finish(&inputs.clock, "", String::new());
         }
     };
-    book.pass(Rule::Request, match &envelope.provider {
-        Some(p) => format!("PKCS#10 with attestation provider {p}"),
-        None => "PKCS#10 without attestation blocks".to_owned(),
-    });
+    book.pass(
+        Rule::Request,
+        match &envelope.provider {
+            Some(p) => format!("PKCS#10 with attestation provider {p}"),
+            None => "PKCS#10 without attestation blocks".to_owned(),
+        },
+    );
 
     // Rules 3 to 8: cheap, independent of each other.
     let node_name = match check_subject(&parsed) {
         Ok(name) => {
-            book.pass(Rule::Subject, format!("CN=system:node:{name}, O=system:nodes"));
+            book.pass(
+                Rule::Subject,
+                format!("CN=system:node:{name}, O=system:nodes"),
+            );
             Some(name)
         }
         Err(message) => {
@@ -136,27 +158,56 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     };
     check_no_san(&mut book, &parsed);
     check_extensions(&mut book, &parsed);
-    let optional: &[&str] = if parsed.key_kind.is_rsa() { &[usage::KEY_ENCIPHERMENT] } else { &[] };
-    match check_usages(&csr.usages, &[usage::DIGITAL_SIGNATURE, usage::CLIENT_AUTH], optional) {
-        Ok(()) => book.pass(Rule::Usages, format!("{:?} for a {} key", csr.usages, parsed.key_kind)),
+    let optional: &[&str] = if parsed.key_kind.is_rsa() {
+        &[usage::KEY_ENCIPHERMENT]
+    } else {
+        &[]
+    };
+    match check_usages(
+        &csr.usages,
+        &[usage::DIGITAL_SIGNATURE, usage::CLIENT_AUTH],
+        optional,
+    ) {
+        Ok(()) => book.pass(
+            Rule::Usages,
+            format!("{:?} for a {} key", csr.usages, parsed.key_kind),
+        ),
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
     let requester = classify_requester(&mut book, inputs, node_name.as_ref());
     let provider_id = read_provider_id(&mut book, &parsed);
 
     // Rule 9, then what needs the Machine: 7 (binding), 10, 11.
-    let target = provider_id.as_ref().and_then(|pid| find_target(&mut book, inputs, pid));
+    let target = provider_id
+        .as_ref()
+        .and_then(|pid| find_target(&mut book, inputs, pid));
     let mut one_identity = OneIdentity::Settled;
     if let (Some(target), Some(pid)) = (target, provider_id.as_ref()) {
         let claim = target.claim(pid);
         if let Some(requester) = &requester {
-            bind_requester(&mut book, inputs, target, &claim, requester, node_name.as_ref());
+            bind_requester(
+                &mut book,
+                inputs,
+                target,
+                &claim,
+                requester,
+                node_name.as_ref(),
+            );
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());
             check_node_name(&mut book, target, &claim, name, pid, &lookup);
             if let Some(requester) = &requester {
-                one_identity = check_one_identity(&mut book, inputs, target, &claim, requester, name, &lookup, envelope.provider.as_ref().map(|p| p.provider()));
+                one_identity = check_one_identity(
+                    &mut book,
+                    inputs,
+                    target,
+                    &claim,
+                    requester,
+                    name,
+                    &lookup,
+                    envelope.provider.as_ref().map(|p| p.provider()),
+                );
             }
         }
     }
@@ -167,14 +218,24 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
     if book.any_failed() {
-        book.record(Rule::Signature, Verdict::NotEvaluated { why: "a cheaper rule failed: no cryptography".into() });
+        book.record(
+            Rule::Signature,
+            Verdict::NotEvaluated {
+                why: "a cheaper rule failed: no cryptography".into(),
+            },
+        );
     } else {
         match parsed.verify_signature() {
-            Ok(()) => book.pass(Rule::Signature, format!("self-signature verifies under the {} key", parsed.key_kind)),
+            Ok(()) => book.pass(
+                Rule::Signature,
+                format!("self-signature verifies under the {} key", parsed.key_kind),
+            ),
             Err(e) => book.fail(Rule::Signature, DenyReason::InvalidSignature, e.to_string()),
         }
     }
-    if let (false, Some((verifier, version)), Some(target), Some(pid)) = (book.any_failed(), verifier, target, provider_id.as_ref()) {
+    if let (false, Some((verifier, version)), Some(target), Some(pid)) =
+        (book.any_failed(), verifier, target, provider_id.as_ref())
+    {
         let claim = target.claim(pid);
         let evidence = Evidence {
             version,
@@ -194,45 +255,90 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                     Some(claimed) if ek_sha256.as_deref() != Some(claimed) => book.fail(
                         Rule::Attestation,
                         DenyReason::EndorsementKeyMismatch,
-                        format!("EK {} differs from the EK {} on the claim", ek_sha256.as_deref().unwrap_or("<none>"), claimed),
+                        format!(
+                            "EK {} differs from the EK {} on the claim",
+                            ek_sha256.as_deref().unwrap_or("<none>"),
+                            claimed
+                        ),
                     ),
                     _ => book.pass(Rule::Attestation, note),
                 }
                 verified_ek = ek_sha256;
             }
-            Verification::Failed { reason, message } => book.fail(Rule::Attestation, reason, message),
+            Verification::Failed { reason, message } => {
+                book.fail(Rule::Attestation, reason, message)
+            }
         }
     } else if verifier.is_some() {
-        let why = if book.any_failed() { "a cheaper rule failed: no cryptography" } else { "no Machine to verify against yet" };
+        let why = if book.any_failed() {
+            "a cheaper rule failed: no cryptography"
+        } else {
+            "no Machine to verify against yet"
+        };
         book.record(Rule::Attestation, Verdict::NotEvaluated { why: why.into() });
     }
-    if let OneIdentity::NeedsClaimedEk { ek_sha256, reason, message } = one_identity {
+    if let OneIdentity::NeedsClaimedEk {
+        ek_sha256,
+        reason,
+        message,
+    } = one_identity
+    {
         if verified_ek.as_deref() == Some(ek_sha256.as_str()) {
-            book.pass(Rule::OneIdentity, format!("{message}; re-bootstrap allowed: the attested EK is the claim's"));
+            book.pass(
+                Rule::OneIdentity,
+                format!("{message}; re-bootstrap allowed: the attested EK is the claim's"),
+            );
         } else {
             book.fail(Rule::OneIdentity, reason, message);
         }
     }
 
-    let approved_reason = envelope.provider.as_ref().map(approval_reason).unwrap_or_default();
+    let approved_reason = envelope
+        .provider
+        .as_ref()
+        .map(approval_reason)
+        .unwrap_or_default();
     let approved_message = format!(
         "{} attested by {} for {}",
-        node_name.as_ref().map(NodeName::username).unwrap_or_default(),
-        envelope.provider.as_ref().map(ToString::to_string).unwrap_or_default(),
+        node_name
+            .as_ref()
+            .map(NodeName::username)
+            .unwrap_or_default(),
+        envelope
+            .provider
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         target.map(|t| t.describe()).unwrap_or_default(),
     );
     let unsupported = matches!(
         book.verdicts.get(&Rule::Attestation),
-        Some(Verdict::Failed { reason: DenyReason::UnsupportedAttestationVersion, .. })
+        Some(Verdict::Failed {
+            reason: DenyReason::UnsupportedAttestationVersion,
+            ..
+        })
     );
     let mut decision = book.finish(&inputs.clock, &approved_reason, approved_message);
     if unsupported {
-        decision.annotations.insert(ANNOTATION_SUPPORTED_VERSIONS.to_owned(), inputs.verifiers.supported_versions());
+        decision.annotations.insert(
+            ANNOTATION_SUPPORTED_VERSIONS.to_owned(),
+            inputs.verifiers.supported_versions(),
+        );
     }
     decision.target = target.map(|t| t.reference());
-    if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name), Some(Requester::Bootstrap { .. })) =
-        (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref(), &requester)
-    {
+    if let (
+        Outcome::Approved { .. },
+        Some(target),
+        Some(pid),
+        Some(name),
+        Some(Requester::Bootstrap { .. }),
+    ) = (
+        &decision.outcome,
+        target,
+        provider_id.as_ref(),
+        node_name.as_ref(),
+        &requester,
+    ) {
         decision.claim = claim_write(inputs, target, pid, name, verified_ek);
     }
     decision
@@ -243,106 +349,226 @@ fn check_no_san(book: &mut Book, parsed: &ParsedCsr) {
     if parsed.subject_alt_names.is_empty() && !parsed.extensions.iter().any(|e| e.oid == san_oid) {
         book.pass(Rule::SubjectAltNames, "no SAN");
     } else {
-        let names: Vec<String> = parsed.subject_alt_names.iter().take(4).map(ToString::to_string).collect();
-        book.fail(Rule::SubjectAltNames, DenyReason::ForbiddenSan, format!("client certificates carry no SAN, got {}", shown(&names.join(", "))));
+        let names: Vec<String> = parsed
+            .subject_alt_names
+            .iter()
+            .take(4)
+            .map(ToString::to_string)
+            .collect();
+        book.fail(
+            Rule::SubjectAltNames,
+            DenyReason::ForbiddenSan,
+            format!(
+                "client certificates carry no SAN, got {}",
+                shown(&names.join(", "))
+            ),
+        );
     }
 }
 
 fn check_extensions(book: &mut Book, parsed: &ParsedCsr) {
-    let provider_oid = oid_string(PROVIDER_ID_OID);
+    let provider_oid = PROVIDER_ID_OID_DOTTED;
     let san_oid = x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME.to_id_string();
     if let Some(attribute) = parsed.other_attributes.first() {
-        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, format!("CSR attribute {attribute} is not allowed"));
+        return book.fail(
+            Rule::Extensions,
+            DenyReason::ForbiddenExtension,
+            format!("CSR attribute {attribute} is not allowed"),
+        );
     }
     if parsed.extension_requests > 1 {
-        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, "more than one extensionRequest attribute");
+        return book.fail(
+            Rule::Extensions,
+            DenyReason::ForbiddenExtension,
+            "more than one extensionRequest attribute",
+        );
     }
     // The SAN extension is rule 4's to refuse.
-    if let Some(other) = parsed.extensions.iter().find(|e| e.oid != provider_oid && e.oid != san_oid) {
-        let what = if other.oid == "2.5.29.19" { " (basic constraints)" } else { "" };
-        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, format!("extension {}{what} is not allowed", other.oid));
+    if let Some(other) = parsed
+        .extensions
+        .iter()
+        .find(|e| e.oid != provider_oid && e.oid != san_oid)
+    {
+        let what = if other.oid == "2.5.29.19" {
+            " (basic constraints)"
+        } else {
+            ""
+        };
+        return book.fail(
+            Rule::Extensions,
+            DenyReason::ForbiddenExtension,
+            format!("extension {}{what} is not allowed", other.oid),
+        );
     }
-    let provider: Vec<_> = parsed.extensions.iter().filter(|e| e.oid == provider_oid).collect();
+    let provider: Vec<_> = parsed.provider_id_extensions().collect();
     if provider.len() > 1 {
-        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, "the provider-ID extension appears more than once");
+        return book.fail(
+            Rule::Extensions,
+            DenyReason::ForbiddenExtension,
+            "the provider-ID extension appears more than once",
+        );
     }
     if provider.iter().any(|e| e.critical) {
-        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, "the provider-ID extension must not be critical");
+        return book.fail(
+            Rule::Extensions,
+            DenyReason::ForbiddenExtension,
+            "the provider-ID extension must not be critical",
+        );
     }
     book.pass(Rule::Extensions, "only the provider-ID extension");
 }
 
 fn read_provider_id(book: &mut Book, parsed: &ParsedCsr) -> Option<ProviderId> {
-    let provider_oid = oid_string(PROVIDER_ID_OID);
-    let Some(ext) = parsed.extensions.iter().find(|e| e.oid == provider_oid) else {
-        book.fail(Rule::ProviderId, DenyReason::MissingProviderId, format!("no provider-ID extension ({provider_oid})"));
+    let Some(ext) = parsed.provider_id_extensions().next() else {
+        book.fail(
+            Rule::ProviderId,
+            DenyReason::MissingProviderId,
+            format!("no provider-ID extension ({PROVIDER_ID_OID_DOTTED})"),
+        );
         return None;
     };
     match ProviderId::from_extension_value(&ext.value) {
         Ok(pid) => {
-            book.pass(Rule::ProviderId, format!("provider ID {}", shown(pid.as_str())));
+            book.pass(
+                Rule::ProviderId,
+                format!("provider ID {}", shown(pid.as_str())),
+            );
             Some(pid)
         }
         Err(e) => {
-            book.fail(Rule::ProviderId, DenyReason::MissingProviderId, e.to_string());
+            book.fail(
+                Rule::ProviderId,
+                DenyReason::MissingProviderId,
+                e.to_string(),
+            );
             None
         }
     }
 }
 
-fn classify_requester(book: &mut Book, inputs: &Inputs<'_>, node_name: Option<&NodeName>) -> Option<Requester> {
+fn classify_requester(
+    book: &mut Book,
+    inputs: &Inputs<'_>,
+    node_name: Option<&NodeName>,
+) -> Option<Requester> {
     let csr = inputs.csr;
     let in_group = |g: &str| csr.groups.iter().any(|x| x == g);
     if let Some(id) = csr.username.strip_prefix(BOOTSTRAP_USER_PREFIX)
-        && !id.is_empty() && in_group(GROUP_BOOTSTRAPPERS) {
-            return Some(Requester::Bootstrap { username: csr.username.clone() });
-        }
+        && !id.is_empty()
+        && in_group(GROUP_BOOTSTRAPPERS)
+    {
+        return Some(Requester::Bootstrap {
+            username: csr.username.clone(),
+        });
+    }
     if let Some(name) = node_name
-        && csr.username == name.username() && in_group(GROUP_NODES) {
-            return Some(Requester::Node);
-        }
+        && csr.username == name.username()
+        && in_group(GROUP_NODES)
+    {
+        return Some(Requester::Node);
+    }
     let why = if csr.username.starts_with(crate::names::NODE_USER_PREFIX) && in_group(GROUP_NODES) {
         "a node may only renew its own identity"
     } else {
         "only bootstrap-token users (initial) and the node itself (renewal) may ask"
     };
-    book.fail(Rule::Requester, DenyReason::RequesterNotAllowed, format!("requester {} in groups {}: {why}", shown(&csr.username), shown(&csr.groups.join(","))));
+    book.fail(
+        Rule::Requester,
+        DenyReason::RequesterNotAllowed,
+        format!(
+            "requester {} in groups {}: {why}",
+            shown(&csr.username),
+            shown(&csr.groups.join(","))
+        ),
+    );
     None
 }
 
 fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Option<Target<'a>> {
     let cluster = inputs.cluster;
-    let ours = |name: &str, ns: &str, cluster_name: &str| ns == cluster.namespace && cluster_name == cluster.name && !name.is_empty();
-    let machines: Vec<&MachineView> = inputs.inventory.machines.iter().filter(|m| ours(&m.name, &m.namespace, &m.cluster_name)).collect();
-    let pools: Vec<&MachinePoolView> = inputs.inventory.pools.iter().filter(|p| ours(&p.name, &p.namespace, &p.cluster_name)).collect();
+    let ours = |name: &str, ns: &str, cluster_name: &str| {
+        ns == cluster.namespace && cluster_name == cluster.name && !name.is_empty()
+    };
+    let machines: Vec<&MachineView> = inputs
+        .inventory
+        .machines
+        .iter()
+        .filter(|m| ours(&m.name, &m.namespace, &m.cluster_name))
+        .collect();
+    let pools: Vec<&MachinePoolView> = inputs
+        .inventory
+        .pools
+        .iter()
+        .filter(|p| ours(&p.name, &p.namespace, &p.cluster_name))
+        .collect();
 
-    let matching: Vec<&MachineView> = machines.iter().copied().filter(|m| m.provider_id.as_deref() == Some(pid.as_str())).collect();
+    let matching: Vec<&MachineView> = machines
+        .iter()
+        .copied()
+        .filter(|m| m.provider_id.as_deref() == Some(pid.as_str()))
+        .collect();
     let target = match matching.as_slice() {
         [one] => Target::Machine(one),
         [] => {
-            let listing: Vec<&MachinePoolView> = pools.iter().copied().filter(|p| p.provider_ids.iter().any(|x| x == pid.as_str())).collect();
+            let listing: Vec<&MachinePoolView> = pools
+                .iter()
+                .copied()
+                .filter(|p| p.provider_ids.iter().any(|x| x == pid.as_str()))
+                .collect();
             match listing.as_slice() {
                 [one] => Target::Pool(one),
                 [] => {
-                    let unset: Vec<&str> = machines.iter().filter(|m| m.provider_id.is_none()).map(|m| m.name.as_str()).collect();
-                    let message = format!("no Machine or MachinePool of Cluster {} has provider ID {}", cluster.name, shown(pid.as_str()));
+                    let unset: Vec<&str> = machines
+                        .iter()
+                        .filter(|m| m.provider_id.is_none())
+                        .map(|m| m.name.as_str())
+                        .collect();
+                    let message = format!(
+                        "no Machine or MachinePool of Cluster {} has provider ID {}",
+                        cluster.name,
+                        shown(pid.as_str())
+                    );
                     if unset.is_empty() && pools.is_empty() {
                         book.fail(Rule::Machine, DenyReason::MachineNotFound, message);
                     } else {
                         // A Machine still without providerID, or a pool's list lagging, may be it.
-                        book.pending(Rule::Machine, format!("{message} yet ({} Machines without providerID, {} MachinePools)", unset.len(), pools.len()));
+                        book.pending(
+                            Rule::Machine,
+                            format!(
+                                "{message} yet ({} Machines without providerID, {} MachinePools)",
+                                unset.len(),
+                                pools.len()
+                            ),
+                        );
                     }
                     return None;
                 }
                 many => {
-                    book.fail(Rule::Machine, DenyReason::MachineNotFound, format!("provider ID {} is listed by {} MachinePools", shown(pid.as_str()), many.len()));
+                    book.fail(
+                        Rule::Machine,
+                        DenyReason::MachineNotFound,
+                        format!(
+                            "provider ID {} is listed by {} MachinePools",
+                            shown(pid.as_str()),
+                            many.len()
+                        ),
+                    );
                     return None;
                 }
             }
         }
         many => {
             let names: Vec<&str> = many.iter().take(4).map(|m| m.name.as_str()).collect();
-            book.fail(Rule::Machine, DenyReason::MachineNotFound, format!("provider ID {} is on {} Machines ({})", shown(pid.as_str()), many.len(), names.join(", ")));
+            book.fail(
+                Rule::Machine,
+                DenyReason::MachineNotFound,
+                format!(
+                    "provider ID {} is on {} Machines ({})",
+                    shown(pid.as_str()),
+                    many.len(),
+                    names.join(", ")
+                ),
+            );
             return None;
         }
     };
@@ -351,16 +577,33 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
         Target::Pool(p) => (p.deleting, p.bootstrap_ready),
     };
     if deleting {
-        book.fail(Rule::Machine, DenyReason::MachineNotReady, format!("{} is being deleted", target.describe()));
+        book.fail(
+            Rule::Machine,
+            DenyReason::MachineNotReady,
+            format!("{} is being deleted", target.describe()),
+        );
     } else if !ready {
-        book.pending(Rule::Machine, format!("{} has no bootstrap data yet", target.describe()));
+        book.pending(
+            Rule::Machine,
+            format!("{} has no bootstrap data yet", target.describe()),
+        );
     } else {
-        book.pass(Rule::Machine, format!("{} owns the provider ID", target.describe()));
+        book.pass(
+            Rule::Machine,
+            format!("{} owns the provider ID", target.describe()),
+        );
     }
     Some(target)
 }
 
-fn bind_requester(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, claim: &ClaimState, requester: &Requester, node_name: Option<&NodeName>) {
+fn bind_requester(
+    book: &mut Book,
+    inputs: &Inputs<'_>,
+    target: Target<'_>,
+    claim: &ClaimState,
+    requester: &Requester,
+    node_name: Option<&NodeName>,
+) {
     match requester {
         Requester::Bootstrap { username } => match target.bootstrap_config() {
             Some(config) if config.is_kubeadm() => {
@@ -398,10 +641,21 @@ fn bind_requester(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, clai
     }
 }
 
-fn check_node_name(book: &mut Book, target: Target<'_>, claim: &ClaimState, name: &NodeName, pid: &ProviderId, lookup: &NodeLookup) {
+fn check_node_name(
+    book: &mut Book,
+    target: Target<'_>,
+    claim: &ClaimState,
+    name: &NodeName,
+    pid: &ProviderId,
+    lookup: &NodeLookup,
+) {
     let fits = match (claim, target) {
         (ClaimState::Valid(c), _) => {
-            if c.node_name == name.as_str() { Ok("the claim's node name".to_owned()) } else { Err(format!("the claim is for node {}", shown(&c.node_name))) }
+            if c.node_name == name.as_str() {
+                Ok("the claim's node name".to_owned())
+            } else {
+                Err(format!("the claim is for node {}", shown(&c.node_name)))
+            }
         }
         (_, Target::Machine(m)) => match &m.node_ref {
             Some(node_ref) if node_ref == name.as_str() => Ok("status.nodeRef.name".to_owned()),
@@ -411,24 +665,53 @@ fn check_node_name(book: &mut Book, target: Target<'_>, claim: &ClaimState, name
                     Ok("the Machine name".to_owned())
                 } else if m.infrastructure_name.as_deref() == Some(name.as_str()) {
                     Ok("spec.infrastructureRef.name".to_owned())
-                } else if let Some(a) = m.addresses.iter().find(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str())) {
+                } else if let Some(a) = m
+                    .addresses
+                    .iter()
+                    .find(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str()))
+                {
                     Ok(format!("the {} address", a.kind))
                 } else {
-                    Err(format!("neither the Machine name {}, its infrastructure name, nor a Hostname/DNS address", shown(&m.name)))
+                    Err(format!(
+                        "neither the Machine name {}, its infrastructure name, nor a Hostname/DNS address",
+                        shown(&m.name)
+                    ))
                 }
             }
         },
-        (_, Target::Pool(_)) => Ok("a MachinePool instance: bound by its claim from now on".to_owned()),
+        (_, Target::Pool(_)) => {
+            Ok("a MachinePool instance: bound by its claim from now on".to_owned())
+        }
     };
     match fits {
-        Err(why) => book.fail(Rule::NodeName, DenyReason::NodeNameMismatch, format!("node name {} does not fit {}: {why}", name, target.describe())),
-        Ok(how) => match lookup {
-            NodeLookup::Found(node) if node.provider_id.as_deref().is_some_and(|p| p != pid.as_str()) => book.fail(
-                Rule::NodeName,
-                DenyReason::NodeNameMismatch,
-                format!("Node {name} exists with providerID {}", shown(node.provider_id.as_deref().unwrap_or_default())),
+        Err(why) => book.fail(
+            Rule::NodeName,
+            DenyReason::NodeNameMismatch,
+            format!(
+                "node name {} does not fit {}: {why}",
+                name,
+                target.describe()
             ),
-            NodeLookup::Unavailable(why) => book.pending(Rule::NodeName, format!("cannot look up Node {name}: {why}")),
+        ),
+        Ok(how) => match lookup {
+            NodeLookup::Found(node)
+                if node
+                    .provider_id
+                    .as_deref()
+                    .is_some_and(|p| p != pid.as_str()) =>
+            {
+                book.fail(
+                    Rule::NodeName,
+                    DenyReason::NodeNameMismatch,
+                    format!(
+                        "Node {name} exists with providerID {}",
+                        shown(node.provider_id.as_deref().unwrap_or_default())
+                    ),
+                )
+            }
+            NodeLookup::Unavailable(why) => {
+                book.pending(Rule::NodeName, format!("cannot look up Node {name}: {why}"))
+            }
             _ => book.pass(Rule::NodeName, format!("{name} is {how}")),
         },
     }
@@ -449,21 +732,43 @@ fn check_one_identity(
         book.pass(Rule::OneIdentity, "renewal of the claimed identity");
         return OneIdentity::Settled;
     }
-    let hardware = provider.and_then(|p| inputs.verifiers.for_provider(p)).is_some_and(|v| v.proves_hardware_identity());
+    let hardware = provider
+        .and_then(|p| inputs.verifiers.for_provider(p))
+        .is_some_and(|v| v.proves_hardware_identity());
     match claim {
         ClaimState::Valid(c) if c.csr_uid == inputs.csr.uid => {
-            book.pass(Rule::OneIdentity, "claimed by this CSR already (resumed after a restart)");
+            book.pass(
+                Rule::OneIdentity,
+                "claimed by this CSR already (resumed after a restart)",
+            );
             OneIdentity::Settled
         }
         ClaimState::Valid(c) => {
-            let message = format!("{} is claimed by node {} (CSR {}, at {})", target.describe(), shown(&c.node_name), shown(&c.csr_uid), shown(&c.claimed_at));
+            let message = format!(
+                "{} is claimed by node {} (CSR {}, at {})",
+                target.describe(),
+                shown(&c.node_name),
+                shown(&c.csr_uid),
+                shown(&c.claimed_at)
+            );
             match (&c.ek_sha256, hardware) {
                 (Some(ek), true) => {
-                    book.pending(Rule::OneIdentity, format!("{message}: only its claimed EK may re-bootstrap it"));
-                    OneIdentity::NeedsClaimedEk { ek_sha256: ek.clone(), reason: DenyReason::MachineAlreadyClaimed, message }
+                    book.pending(
+                        Rule::OneIdentity,
+                        format!("{message}: only its claimed EK may re-bootstrap it"),
+                    );
+                    OneIdentity::NeedsClaimedEk {
+                        ek_sha256: ek.clone(),
+                        reason: DenyReason::MachineAlreadyClaimed,
+                        message,
+                    }
                 }
                 _ => {
-                    book.fail(Rule::OneIdentity, DenyReason::MachineAlreadyClaimed, message);
+                    book.fail(
+                        Rule::OneIdentity,
+                        DenyReason::MachineAlreadyClaimed,
+                        message,
+                    );
                     OneIdentity::Settled
                 }
             }
@@ -478,37 +783,95 @@ fn check_one_identity(
                 _ => None,
             });
             match registered {
-                Some(why) => book.fail(Rule::OneIdentity, DenyReason::NodeAlreadyRegistered, format!("initial request for {} whose node is registered: {why}", target.describe())),
-                None => book.pass(Rule::OneIdentity, format!("{} is unclaimed and its node unregistered", target.describe())),
+                Some(why) => book.fail(
+                    Rule::OneIdentity,
+                    DenyReason::NodeAlreadyRegistered,
+                    format!(
+                        "initial request for {} whose node is registered: {why}",
+                        target.describe()
+                    ),
+                ),
+                None => book.pass(
+                    Rule::OneIdentity,
+                    format!(
+                        "{} is unclaimed and its node unregistered",
+                        target.describe()
+                    ),
+                ),
             }
             OneIdentity::Settled
         }
     }
 }
 
-fn select_verifier<'v, 'e>(book: &mut Book, inputs: &Inputs<'v>, envelope: &'e RequestEnvelope) -> Option<(&'v dyn Verifier, &'e ProviderVersion)> {
+fn select_verifier<'v, 'e>(
+    book: &mut Book,
+    inputs: &Inputs<'v>,
+    envelope: &'e RequestEnvelope,
+) -> Option<(&'v dyn Verifier, &'e ProviderVersion)> {
     let Some(version) = &envelope.provider else {
-        book.fail(Rule::Attestation, DenyReason::AttestationMissing, "no ATTESTATION PROVIDER block");
+        book.fail(
+            Rule::Attestation,
+            DenyReason::AttestationMissing,
+            "no ATTESTATION PROVIDER block",
+        );
         return None;
     };
-    let verifier = inputs.verifiers.for_provider(version.provider()).filter(|v| v.versions().contains(&version.version()));
+    let verifier = inputs
+        .verifiers
+        .for_provider(version.provider())
+        .filter(|v| v.versions().contains(&version.version()));
     let Some(verifier) = verifier else {
-        book.fail(Rule::Attestation, DenyReason::UnsupportedAttestationVersion, format!("{version} is not supported (supported: {})", inputs.verifiers.supported_versions()));
+        book.fail(
+            Rule::Attestation,
+            DenyReason::UnsupportedAttestationVersion,
+            format!(
+                "{version} is not supported (supported: {})",
+                inputs.verifiers.supported_versions()
+            ),
+        );
         return None;
     };
     if !inputs.cluster.allows(version.provider()) {
-        book.fail(Rule::Attestation, DenyReason::AttestationNotAllowed, format!("Cluster {} allows attestors {:?}, not {}", inputs.cluster.name, inputs.cluster.allowed_attestors, version.provider()));
+        book.fail(
+            Rule::Attestation,
+            DenyReason::AttestationNotAllowed,
+            format!(
+                "Cluster {} allows attestors {:?}, not {}",
+                inputs.cluster.name,
+                inputs.cluster.allowed_attestors,
+                version.provider()
+            ),
+        );
         return None;
     }
     if verifier.signer_name() != inputs.csr.signer_name {
-        book.fail(Rule::Attestation, DenyReason::AttestationNotAllowed, format!("{version} CSRs go to signer {}, not {}", verifier.signer_name(), shown(&inputs.csr.signer_name)));
+        book.fail(
+            Rule::Attestation,
+            DenyReason::AttestationNotAllowed,
+            format!(
+                "{version} CSRs go to signer {}, not {}",
+                verifier.signer_name(),
+                shown(&inputs.csr.signer_name)
+            ),
+        );
         return None;
     }
     Some((verifier, version))
 }
 
-fn claim_write(inputs: &Inputs<'_>, target: Target<'_>, pid: &ProviderId, name: &NodeName, ek_sha256: Option<String>) -> Option<ClaimWrite> {
-    if target.claim(pid).valid().is_some_and(|c| c.csr_uid == inputs.csr.uid) {
+fn claim_write(
+    inputs: &Inputs<'_>,
+    target: Target<'_>,
+    pid: &ProviderId,
+    name: &NodeName,
+    ek_sha256: Option<String>,
+) -> Option<ClaimWrite> {
+    if target
+        .claim(pid)
+        .valid()
+        .is_some_and(|c| c.csr_uid == inputs.csr.uid)
+    {
         return None;
     }
     let record = KubeletClaim {
@@ -520,7 +883,13 @@ fn claim_write(inputs: &Inputs<'_>, target: Target<'_>, pid: &ProviderId, name: 
     };
     Some(match target {
         Target::Machine(m) => ClaimWrite::machine(m.target(), m.resource_version.clone(), record),
-        Target::Pool(p) => ClaimWrite::pool(p.target(), p.resource_version.clone(), &p.claims, &p.provider_ids, record),
+        Target::Pool(p) => ClaimWrite::pool(
+            p.target(),
+            p.resource_version.clone(),
+            &p.claims,
+            &p.provider_ids,
+            record,
+        ),
     })
 }
 
@@ -530,13 +899,16 @@ fn approval_reason(version: &ProviderVersion) -> String {
         s.split('-')
             .map(|part| {
                 let mut chars = part.chars();
-                chars.next().map(|c| c.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
+                chars
+                    .next()
+                    .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                    .unwrap_or_default()
             })
             .collect::<String>()
     };
-    format!("Attested{}{}", camel(version.provider()), camel(version.version()))
-}
-
-fn oid_string(arcs: &[u64]) -> String {
-    arcs.iter().map(u64::to_string).collect::<Vec<_>>().join(".")
+    format!(
+        "Attested{}{}",
+        camel(version.provider()),
+        camel(version.version())
+    )
 }

@@ -69,7 +69,10 @@ pub trait NodeDirectory {
 
 impl NodeDirectory for [NodeView] {
     fn node(&self, name: &str) -> NodeLookup {
-        self.iter().find(|n| n.name == name).cloned().map_or(NodeLookup::Absent, NodeLookup::Found)
+        self.iter()
+            .find(|n| n.name == name)
+            .cloned()
+            .map_or(NodeLookup::Absent, NodeLookup::Found)
     }
 }
 
@@ -118,7 +121,9 @@ pub fn decide(inputs: &Inputs<'_>) -> Result<Decision, NotOurSigner> {
     match classify(&inputs.csr.signer_name) {
         Some(CsrKind::KubeletClient) => Ok(client::decide(inputs)),
         Some(CsrKind::KubeletServing) => Ok(serving::decide(inputs)),
-        None => Err(NotOurSigner { signer_name: inputs.csr.signer_name.clone() }),
+        None => Err(NotOurSigner {
+            signer_name: inputs.csr.signer_name.clone(),
+        }),
     }
 }
 
@@ -131,15 +136,26 @@ struct Book {
 
 impl Book {
     fn new(kind: CsrKind, order: &'static [Rule]) -> Self {
-        Self { kind, verdicts: BTreeMap::new(), order }
+        Self {
+            kind,
+            verdicts: BTreeMap::new(),
+            order,
+        }
     }
 
     fn pass(&mut self, rule: Rule, note: impl Into<String>) {
-        self.verdicts.insert(rule, Verdict::Passed { note: note.into() });
+        self.verdicts
+            .insert(rule, Verdict::Passed { note: note.into() });
     }
 
     fn fail(&mut self, rule: Rule, reason: DenyReason, message: impl Into<String>) {
-        self.verdicts.insert(rule, Verdict::Failed { reason, message: message.into() });
+        self.verdicts.insert(
+            rule,
+            Verdict::Failed {
+                reason,
+                message: message.into(),
+            },
+        );
     }
 
     fn pending(&mut self, rule: Rule, message: impl Into<String>) {
@@ -147,7 +163,13 @@ impl Book {
     }
 
     fn pending_or(&mut self, rule: Rule, on_expiry: DenyReason, message: impl Into<String>) {
-        self.verdicts.insert(rule, Verdict::Pending { message: message.into(), on_expiry });
+        self.verdicts.insert(
+            rule,
+            Verdict::Pending {
+                message: message.into(),
+                on_expiry,
+            },
+        );
     }
 
     fn record(&mut self, rule: Rule, verdict: Verdict) {
@@ -155,29 +177,49 @@ impl Book {
     }
 
     fn any_failed(&self) -> bool {
-        self.verdicts.values().any(|v| matches!(v, Verdict::Failed { .. }))
+        self.verdicts
+            .values()
+            .any(|v| matches!(v, Verdict::Failed { .. }))
     }
 
     /// Every rule without a verdict yet is marked not evaluated, for `why`.
     fn skip_rest(&mut self, why: &str) {
         for rule in self.order {
-            self.verdicts.entry(*rule).or_insert_with(|| Verdict::NotEvaluated { why: why.to_owned() });
+            self.verdicts
+                .entry(*rule)
+                .or_insert_with(|| Verdict::NotEvaluated {
+                    why: why.to_owned(),
+                });
         }
     }
 
-    fn finish(mut self, clock: &Clock, approved_reason: &str, approved_message: String) -> Decision {
+    fn finish(
+        mut self,
+        clock: &Clock,
+        approved_reason: &str,
+        approved_message: String,
+    ) -> Decision {
         self.skip_rest("not reached");
         let rules: Vec<RuleOutcome> = self
             .order
             .iter()
-            .filter_map(|rule| self.verdicts.remove(rule).map(|verdict| RuleOutcome { rule: *rule, verdict }))
+            .filter_map(|rule| {
+                self.verdicts.remove(rule).map(|verdict| RuleOutcome {
+                    rule: *rule,
+                    verdict,
+                })
+            })
             .collect();
         let failed = rules.iter().find_map(|r| match &r.verdict {
-            Verdict::Failed { reason, message } => Some((*reason, format!("{}: {message}", r.rule.as_str()))),
+            Verdict::Failed { reason, message } => {
+                Some((*reason, format!("{}: {message}", r.rule.as_str())))
+            }
             _ => None,
         });
         let pending = rules.iter().find_map(|r| match &r.verdict {
-            Verdict::Pending { message, on_expiry } => Some((*on_expiry, format!("{}: {message}", r.rule.as_str()))),
+            Verdict::Pending { message, on_expiry } => {
+                Some((*on_expiry, format!("{}: {message}", r.rule.as_str())))
+            }
             _ => None,
         });
         let outcome = match (failed, pending) {
@@ -187,15 +229,29 @@ impl Book {
                 if age > clock.max_age {
                     Outcome::Denied {
                         reason: on_expiry,
-                        message: format!("still pending after {} (--csr-max-age {}): {message}", minutes(age), minutes(clock.max_age)),
+                        message: format!(
+                            "still pending after {} (--csr-max-age {}): {message}",
+                            minutes(age),
+                            minutes(clock.max_age)
+                        ),
                     }
                 } else {
                     Outcome::Retry { message }
                 }
             }
-            (None, None) => Outcome::Approved { reason: approved_reason.to_owned(), message: approved_message },
+            (None, None) => Outcome::Approved {
+                reason: approved_reason.to_owned(),
+                message: approved_message,
+            },
         };
-        Decision { kind: self.kind, outcome, rules, claim: None, annotations: BTreeMap::new(), target: None }
+        Decision {
+            kind: self.kind,
+            outcome,
+            rules,
+            claim: None,
+            annotations: BTreeMap::new(),
+            target: None,
+        }
     }
 }
 
@@ -216,7 +272,11 @@ fn check_usages(usages: &[String], required: &[&str], optional: &[&str]) -> Resu
             return Err(format!("usage {} listed twice", shown(usage)));
         }
         if !required.contains(&usage.as_str()) && !optional.contains(&usage.as_str()) {
-            return Err(format!("usage {} is not allowed (allowed: {})", shown(usage), [required, optional].concat().join(", ")));
+            return Err(format!(
+                "usage {} is not allowed (allowed: {})",
+                shown(usage),
+                [required, optional].concat().join(", ")
+            ));
         }
         seen.push(usage);
     }
@@ -230,20 +290,40 @@ fn check_usages(usages: &[String], required: &[&str], optional: &[&str]) -> Resu
 fn check_subject(csr: &crate::csr::ParsedCsr) -> Result<crate::identity::NodeName, String> {
     use crate::csr::StringKind;
     use crate::names::{GROUP_NODES, NODE_USER_PREFIX};
-    if let Some(attr) = csr.subject.iter().find(|a| !a.is_common_name() && !a.is_organization()) {
-        return Err(format!("subject attribute {} is not allowed (only CN and O)", attr.oid));
+    if let Some(attr) = csr
+        .subject
+        .iter()
+        .find(|a| !a.is_common_name() && !a.is_organization())
+    {
+        return Err(format!(
+            "subject attribute {} is not allowed (only CN and O)",
+            attr.oid
+        ));
     }
     if csr.subject.iter().any(|a| a.multi_valued_rdn) {
         return Err("multi-valued RDNs are not allowed".into());
     }
-    if csr.subject.iter().any(|a| a.kind == StringKind::Other || a.value.is_none()) {
+    if csr
+        .subject
+        .iter()
+        .any(|a| a.kind == StringKind::Other || a.value.is_none())
+    {
         return Err("subject values must be PrintableString or UTF8String".into());
     }
-    let orgs: Vec<&str> = csr.organizations().filter_map(|a| a.value.as_deref()).collect();
+    let orgs: Vec<&str> = csr
+        .organizations()
+        .filter_map(|a| a.value.as_deref())
+        .collect();
     if orgs != [GROUP_NODES] {
-        return Err(format!("O must be exactly [{GROUP_NODES:?}], got {}", shown(&format!("{orgs:?}"))));
+        return Err(format!(
+            "O must be exactly [{GROUP_NODES:?}], got {}",
+            shown(&format!("{orgs:?}"))
+        ));
     }
-    let cns: Vec<&str> = csr.common_names().filter_map(|a| a.value.as_deref()).collect();
+    let cns: Vec<&str> = csr
+        .common_names()
+        .filter_map(|a| a.value.as_deref())
+        .collect();
     let [cn] = cns.as_slice() else {
         return Err(format!("exactly one CN required, got {}", cns.len()));
     };
@@ -263,8 +343,29 @@ mod tests {
         let req = ["digital signature", "client auth"];
         assert!(check_usages(&v(&["client auth", "digital signature"]), &req, &[]).is_ok());
         assert!(check_usages(&v(&["client auth"]), &req, &[]).is_err());
-        assert!(check_usages(&v(&["client auth", "digital signature", "digital signature"]), &req, &[]).is_err());
-        assert!(check_usages(&v(&["client auth", "digital signature", "server auth"]), &req, &[]).is_err());
-        assert!(check_usages(&v(&["client auth", "digital signature", "key encipherment"]), &req, &["key encipherment"]).is_ok());
+        assert!(
+            check_usages(
+                &v(&["client auth", "digital signature", "digital signature"]),
+                &req,
+                &[]
+            )
+            .is_err()
+        );
+        assert!(
+            check_usages(
+                &v(&["client auth", "digital signature", "server auth"]),
+                &req,
+                &[]
+            )
+            .is_err()
+        );
+        assert!(
+            check_usages(
+                &v(&["client auth", "digital signature", "key encipherment"]),
+                &req,
+                &["key encipherment"]
+            )
+            .is_ok()
+        );
     }
 }

@@ -37,12 +37,14 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     let csr = inputs.csr;
     let mut book = Book::new(CsrKind::KubeletServing, ORDER);
 
-    let parsed = RequestEnvelope::parse(&csr.request).map_err(|e| e.to_string()).and_then(|envelope| {
-        if envelope.provider.is_some() {
-            return Err("serving requests carry no attestation blocks".to_owned());
-        }
-        ParsedCsr::from_der(&envelope.csr_der).map_err(|e| e.to_string())
-    });
+    let parsed = RequestEnvelope::parse(&csr.request)
+        .map_err(|e| e.to_string())
+        .and_then(|envelope| {
+            if envelope.provider.is_some() {
+                return Err("serving requests carry no attestation blocks".to_owned());
+            }
+            ParsedCsr::from_der(&envelope.csr_der).map_err(|e| e.to_string())
+        });
     let parsed = match parsed {
         Ok(parsed) => parsed,
         Err(message) => {
@@ -53,13 +55,34 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     };
     book.pass(Rule::Request, "PKCS#10");
 
+    let requester_ok = csr.username.starts_with(crate::names::NODE_USER_PREFIX)
+        && csr.groups.iter().any(|g| g == GROUP_NODES);
     let node_name = match check_subject(&parsed) {
         Ok(name) if csr.username == name.username() => {
-            book.pass(Rule::Subject, format!("CN={} equals the requester", name.username()));
+            book.pass(
+                Rule::Subject,
+                format!("CN={} equals the requester", name.username()),
+            );
             Some(name)
         }
+        // A requester that is no node fails the requester rule; CN == requester is moot then.
+        Ok(name) if !requester_ok => {
+            book.pass(
+                Rule::Subject,
+                format!("CN={}, O=system:nodes", name.username()),
+            );
+            None
+        }
         Ok(name) => {
-            book.fail(Rule::Subject, DenyReason::SubjectMismatch, format!("CN {} is not the requester {}", name.username(), shown(&csr.username)));
+            book.fail(
+                Rule::Subject,
+                DenyReason::SubjectMismatch,
+                format!(
+                    "CN {} is not the requester {}",
+                    name.username(),
+                    shown(&csr.username)
+                ),
+            );
             None
         }
         Err(message) => {
@@ -67,35 +90,69 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             None
         }
     };
-    let requester_ok = csr.username.starts_with(crate::names::NODE_USER_PREFIX) && csr.groups.iter().any(|g| g == GROUP_NODES);
     if requester_ok {
-        book.pass(Rule::Requester, format!("{} in {GROUP_NODES}", csr.username));
+        book.pass(
+            Rule::Requester,
+            format!("{} in {GROUP_NODES}", csr.username),
+        );
     } else {
-        book.fail(Rule::Requester, DenyReason::RequesterNotAllowed, format!("requester {} in groups {}: only a node may ask for its serving certificate", shown(&csr.username), shown(&csr.groups.join(","))));
+        book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "requester {} in groups {}: only a node may ask for its serving certificate",
+                shown(&csr.username),
+                shown(&csr.groups.join(","))
+            ),
+        );
     }
     // Kubelets before 1.27 ask for key encipherment with ECDSA keys too: tolerated for any key.
-    match check_usages(&csr.usages, &[usage::DIGITAL_SIGNATURE, usage::SERVER_AUTH], &[usage::KEY_ENCIPHERMENT]) {
+    match check_usages(
+        &csr.usages,
+        &[usage::DIGITAL_SIGNATURE, usage::SERVER_AUTH],
+        &[usage::KEY_ENCIPHERMENT],
+    ) {
         Ok(()) => book.pass(Rule::Usages, format!("{:?}", csr.usages)),
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
     // The controller-manager copies only SANs from a serving request; other extensions are inert.
-    book.pass(Rule::Extensions, "only SANs are used by the kubelet-serving signer");
+    book.pass(
+        Rule::Extensions,
+        "only SANs are used by the kubelet-serving signer",
+    );
     let sans_ok = check_san_kinds(&mut book, &parsed);
 
-    let owner = node_name.as_ref().and_then(|name| find_owner(&mut book, inputs, name));
+    let owner = node_name
+        .as_ref()
+        .and_then(|name| find_owner(&mut book, inputs, name));
     if let (true, Some(owner)) = (sans_ok, &owner) {
         check_sans_against_addresses(&mut book, &parsed, owner);
     }
 
     if book.any_failed() {
-        book.record(Rule::Signature, Verdict::NotEvaluated { why: "a cheaper rule failed: no cryptography".into() });
+        book.record(
+            Rule::Signature,
+            Verdict::NotEvaluated {
+                why: "a cheaper rule failed: no cryptography".into(),
+            },
+        );
     } else {
         match parsed.verify_signature() {
-            Ok(()) => book.pass(Rule::Signature, format!("self-signature verifies under the {} key", parsed.key_kind)),
+            Ok(()) => book.pass(
+                Rule::Signature,
+                format!("self-signature verifies under the {} key", parsed.key_kind),
+            ),
             Err(e) => book.fail(Rule::Signature, DenyReason::InvalidSignature, e.to_string()),
         }
     }
-    let message = format!("serving certificate for {} matches {}", csr.username, owner.as_ref().map(|o| o.described.as_str()).unwrap_or_default());
+    let message = format!(
+        "serving certificate for {} matches {}",
+        csr.username,
+        owner
+            .as_ref()
+            .map(|o| o.described.as_str())
+            .unwrap_or_default()
+    );
     let mut decision = book.finish(&inputs.clock, "KubeletServingAddressesVerified", message);
     decision.target = owner.map(|o| o.target);
     decision
@@ -103,12 +160,27 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
 
 /// At least one DNS or IP SAN, nothing else. Returns whether the SAN kinds are acceptable.
 fn check_san_kinds(book: &mut Book, parsed: &ParsedCsr) -> bool {
-    if let Some(bad) = parsed.subject_alt_names.iter().find(|s| !matches!(s, SubjectAltName::Dns(_) | SubjectAltName::Ip(_))) {
-        book.fail(Rule::SubjectAltNames, DenyReason::ForbiddenSan, format!("SAN {} is not allowed: only DNS and IP", shown(&bad.to_string())));
+    if let Some(bad) = parsed
+        .subject_alt_names
+        .iter()
+        .find(|s| !matches!(s, SubjectAltName::Dns(_) | SubjectAltName::Ip(_)))
+    {
+        book.fail(
+            Rule::SubjectAltNames,
+            DenyReason::ForbiddenSan,
+            format!(
+                "SAN {} is not allowed: only DNS and IP",
+                shown(&bad.to_string())
+            ),
+        );
         return false;
     }
     if parsed.subject_alt_names.is_empty() {
-        book.fail(Rule::SubjectAltNames, DenyReason::ForbiddenSan, "a serving certificate needs at least one DNS or IP SAN");
+        book.fail(
+            Rule::SubjectAltNames,
+            DenyReason::ForbiddenSan,
+            "a serving certificate needs at least one DNS or IP SAN",
+        );
         return false;
     }
     true
@@ -121,28 +193,65 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .machines
         .iter()
         .filter(|m| m.namespace == cluster.namespace && m.cluster_name == cluster.name)
-        .filter(|m| m.node_ref.as_deref() == Some(name.as_str()) || m.claim.valid().is_some_and(|c| c.node_name == name.as_str()))
+        .filter(|m| {
+            m.node_ref.as_deref() == Some(name.as_str())
+                || m.claim
+                    .valid()
+                    .is_some_and(|c| c.node_name == name.as_str())
+        })
         .collect();
     let pools: Vec<_> = inputs
         .inventory
         .pools
         .iter()
         .filter(|p| p.namespace == cluster.namespace && p.cluster_name == cluster.name)
-        .filter(|p| p.provider_ids.iter().any(|pid| p.claims.instance(pid).valid().is_some_and(|c| c.node_name == name.as_str())))
+        .filter(|p| {
+            p.provider_ids.iter().any(|pid| {
+                p.claims
+                    .instance(pid)
+                    .valid()
+                    .is_some_and(|c| c.node_name == name.as_str())
+            })
+        })
         .collect();
     let owner = match (machines.as_slice(), pools.as_slice()) {
-        ([m], []) => Owner { target: m.target(), described: format!("Machine {}", m.name), addresses: Some(&m.addresses) },
-        ([], [p]) => Owner { target: p.target(), described: format!("MachinePool {}", p.name), addresses: None },
+        ([m], []) => Owner {
+            target: m.target(),
+            described: format!("Machine {}", m.name),
+            addresses: Some(&m.addresses),
+        },
+        ([], [p]) => Owner {
+            target: p.target(),
+            described: format!("MachinePool {}", p.name),
+            addresses: None,
+        },
         ([], []) => {
-            book.pending(Rule::Machine, format!("no Machine of Cluster {} has node {name} (by status.nodeRef or claim) yet", cluster.name));
+            book.pending(
+                Rule::Machine,
+                format!(
+                    "no Machine of Cluster {} has node {name} (by status.nodeRef or claim) yet",
+                    cluster.name
+                ),
+            );
             return None;
         }
         (m, p) => {
-            book.fail(Rule::Machine, DenyReason::MachineNotFound, format!("node {name} maps to {} Machines and {} MachinePools", m.len(), p.len()));
+            book.fail(
+                Rule::Machine,
+                DenyReason::MachineNotFound,
+                format!(
+                    "node {name} maps to {} Machines and {} MachinePools",
+                    m.len(),
+                    p.len()
+                ),
+            );
             return None;
         }
     };
-    book.pass(Rule::Machine, format!("node {name} belongs to {}", owner.described));
+    book.pass(
+        Rule::Machine,
+        format!("node {name} belongs to {}", owner.described),
+    );
     Some(owner)
 }
 
@@ -151,7 +260,10 @@ fn check_sans_against_addresses(book: &mut Book, parsed: &ParsedCsr, owner: &Own
         book.pending_or(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,
-            format!("{} instances carry no addresses to check SANs against", owner.described),
+            format!(
+                "{} instances carry no addresses to check SANs against",
+                owner.described
+            ),
         );
         return;
     };
@@ -159,20 +271,38 @@ fn check_sans_against_addresses(book: &mut Book, parsed: &ParsedCsr, owner: &Own
         .subject_alt_names
         .iter()
         .filter(|san| match san {
-            SubjectAltName::Dns(dns) => !addresses.iter().any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(dns)),
-            SubjectAltName::Ip(ip) => !addresses.iter().any(|a| a.is_ip() && a.address.parse::<IpAddr>().is_ok_and(|addr| canonical(addr) == canonical(*ip))),
+            SubjectAltName::Dns(dns) => !addresses
+                .iter()
+                .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(dns)),
+            SubjectAltName::Ip(ip) => !addresses.iter().any(|a| {
+                a.is_ip()
+                    && a.address
+                        .parse::<IpAddr>()
+                        .is_ok_and(|addr| canonical(addr) == canonical(*ip))
+            }),
             _ => true,
         })
         .map(ToString::to_string)
         .collect();
     if unmatched.is_empty() {
-        book.pass(Rule::SubjectAltNames, format!("{} SANs are addresses of {}", parsed.subject_alt_names.len(), owner.described));
+        book.pass(
+            Rule::SubjectAltNames,
+            format!(
+                "{} SANs are addresses of {}",
+                parsed.subject_alt_names.len(),
+                owner.described
+            ),
+        );
     } else {
         // Machine addresses can lag the node: wait, then deny ForbiddenSAN.
         book.pending_or(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,
-            format!("SANs {} are not (yet) addresses of {}", shown(&unmatched.join(", ")), owner.described),
+            format!(
+                "SANs {} are not (yet) addresses of {}",
+                shown(&unmatched.join(", ")),
+                owner.described
+            ),
         );
     }
 }

@@ -1,0 +1,73 @@
+//! `kubelet-authenticator csr`: key + attested request, printed, not filed.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use attestation::attestor::Attestor;
+use attestation::identity::{NodeName, ProviderId};
+use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
+
+/// Which attestor to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttestorName {
+    /// `insecure/v1`: no evidence; only for infrastructure without a secure mechanism.
+    Insecure,
+}
+
+/// Key type to generate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KeyType {
+    /// ECDSA P-256 (what kubelet uses).
+    EcdsaP256,
+    /// ECDSA P-384.
+    EcdsaP384,
+    /// RSA-2048.
+    Rsa2048,
+    /// Ed25519.
+    Ed25519,
+}
+
+/// Arguments of `csr`.
+#[derive(Debug, clap::Args)]
+pub struct CsrArgs {
+    /// Node name: the CSR's CN is `system:node:<name>`.
+    #[arg(long)]
+    pub node_name: String,
+    /// The Machine's `spec.providerID`, carried in the provider-ID extension.
+    #[arg(long)]
+    pub provider_id: String,
+    /// Attestor.
+    #[arg(long, value_enum)]
+    pub attestor: AttestorName,
+    /// Where to write the private key (PKCS#8 PEM, mode 0600, written atomically).
+    #[arg(long)]
+    pub key_out: PathBuf,
+    /// Key type.
+    #[arg(long, value_enum, default_value_t = KeyType::EcdsaP256)]
+    pub key_type: KeyType,
+}
+
+/// Runs `csr`.
+pub fn run(args: &CsrArgs) -> Result<()> {
+    let node_name = NodeName::new(&args.node_name).context("--node-name")?;
+    let provider_id = ProviderId::new(&args.provider_id).context("--provider-id")?;
+    let mut attestor: Box<dyn Attestor> = match args.attestor {
+        AttestorName::Insecure => Box::new(attestation::insecure::InsecureAttestor),
+    };
+    let algorithm = match args.key_type {
+        KeyType::EcdsaP256 => KeyAlgorithm::EcdsaP256,
+        KeyType::EcdsaP384 => KeyAlgorithm::EcdsaP384,
+        KeyType::Rsa2048 => KeyAlgorithm::Rsa2048,
+        KeyType::Ed25519 => KeyAlgorithm::Ed25519,
+    };
+    let key = NodeKey::generate(algorithm)?;
+    let envelope = build_envelope(
+        &kubelet_client_params(&node_name, &provider_id),
+        &key,
+        attestor.as_mut(),
+    )?;
+    crate::secret_file::write_private(&args.key_out, key.private_key_pem().as_bytes())?;
+    print!("{}", envelope.encode());
+    eprintln!("signer name: {}", attestor.signer_name());
+    Ok(())
+}

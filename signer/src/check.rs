@@ -1,0 +1,340 @@
+//! `node-attestation-signer check`: the signer's decision on one CSR, offline.
+//!
+//! The same rule engine and verifiers the controller runs, fed from files instead of watches.
+//! Without `--cluster` the Cluster is taken as opted in with the default attestors (`tpm`);
+//! the CSR's first sight is its creationTimestamp.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use attestation::attestor::Verifiers;
+use attestation::ca::{ClusterCa, Validity};
+use attestation::decision::{Decision, Outcome, Verdict};
+use attestation::envelope::RequestEnvelope;
+use attestation::machine::{CapiObject, ClusterView, Inventory, KubeadmConfigView, NodeView};
+use attestation::names::{GROUP_BOOTSTRAPPERS, usage};
+use attestation::{Clock, CsrObject, Inputs};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use serde::Serialize;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+use zeroize::Zeroizing;
+
+use crate::csr_object::csr_object;
+use crate::manifests::{read_objects, read_one};
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// For people.
+    Text,
+    /// For programs: `decision`, `reason`, `message`, `rules`, `certificate`.
+    Json,
+}
+
+/// Arguments of `check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// A CertificateSigningRequest (YAML or JSON), or a bare `spec.request` PEM.
+    #[arg(long)]
+    pub csr: PathBuf,
+    /// Machines and MachinePools of the Cluster (YAML/JSON, Lists and multi-document files too).
+    #[arg(long = "machine", required = true)]
+    pub machines: Vec<PathBuf>,
+    /// Workload-cluster Nodes to check the node name against.
+    #[arg(long = "node")]
+    pub nodes: Vec<PathBuf>,
+    /// The Cluster, for its opt-in and allowed attestors.
+    #[arg(long)]
+    pub cluster: Option<PathBuf>,
+    /// KubeadmConfigs the Machines' bootstrap refers to.
+    #[arg(long = "bootstrap-config")]
+    pub bootstrap_configs: Vec<PathBuf>,
+    /// CA certificate (`tls.crt`) to sign with when approved.
+    #[arg(long, requires = "ca_key")]
+    pub ca_cert: Option<PathBuf>,
+    /// CA key (`tls.key`): RSA PKCS#1, PKCS#8 or EC.
+    #[arg(long, requires = "ca_cert")]
+    pub ca_key: Option<PathBuf>,
+    /// The signer's clock (RFC 3339); default: now.
+    #[arg(long)]
+    pub now: Option<String>,
+    /// How long transient gaps are retried before `Expired`.
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    pub csr_max_age: std::time::Duration,
+    /// Longest client certificate lifetime.
+    #[arg(long, default_value = "168h", value_parser = humantime::parse_duration)]
+    pub client_cert_duration: std::time::Duration,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// With a bare PEM: the requester (default: the KubeadmConfig's join-token user, or
+    /// `system:bootstrap:offline`).
+    #[arg(long)]
+    pub username: Option<String>,
+    /// With a bare PEM: the requester's groups (default: system:bootstrappers).
+    #[arg(long = "group")]
+    pub groups: Vec<String>,
+    /// With a bare PEM: the signer name (default: from the PROVIDER block).
+    #[arg(long)]
+    pub signer_name: Option<String>,
+    /// With a bare PEM: the usages (default: digital signature, client auth).
+    #[arg(long = "usage")]
+    pub usages: Vec<String>,
+}
+
+/// What `--output json` prints.
+#[derive(Serialize)]
+struct Report<'a> {
+    #[serde(flatten)]
+    decision: &'a Decision,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certificate: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    assumptions: Vec<String>,
+}
+
+/// Runs `check`; `Ok(true)` when approved. Unusable input is an `Err`.
+pub fn run(args: &CheckArgs) -> Result<bool> {
+    let mut assumptions = Vec::new();
+    let mut inventory = Inventory::default();
+    for path in &args.machines {
+        for object in read_objects(path)? {
+            match CapiObject::from_object(&object)
+                .with_context(|| format!("in {}", path.display()))?
+            {
+                CapiObject::Machine(m) => inventory.machines.push(m),
+                CapiObject::MachinePool(p) => inventory.pools.push(p),
+            }
+        }
+    }
+    for path in &args.bootstrap_configs {
+        for object in read_objects(path)? {
+            inventory.kubeadm_configs.push(
+                KubeadmConfigView::from_object(&object)
+                    .with_context(|| format!("in {}", path.display()))?,
+            );
+        }
+    }
+    let mut nodes = Vec::new();
+    for path in &args.nodes {
+        for object in read_objects(path)? {
+            nodes.push(
+                NodeView::from_object(&object).with_context(|| format!("in {}", path.display()))?,
+            );
+        }
+    }
+    let cluster = match &args.cluster {
+        Some(path) => {
+            let cluster = ClusterView::from_object(&read_one(path)?)
+                .with_context(|| format!("in {}", path.display()))?;
+            if !cluster.opted_in {
+                bail!(
+                    "Cluster {} is not opted in ({}: \"true\" is missing): the signer ignores its CSRs",
+                    cluster.name,
+                    attestation::names::ANNOTATION_OPT_IN
+                );
+            }
+            cluster
+        }
+        None => {
+            let (name, namespace) = inventory
+                .machines
+                .first()
+                .map(|m| (m.cluster_name.clone(), m.namespace.clone()))
+                .or_else(|| {
+                    inventory
+                        .pools
+                        .first()
+                        .map(|p| (p.cluster_name.clone(), p.namespace.clone()))
+                })
+                .unwrap_or_default();
+            assumptions.push(format!("no --cluster: Cluster {name} taken as opted in, allowing the default attestors [tpm]"));
+            ClusterView::named(&name, &namespace, &["tpm"])
+        }
+    };
+
+    let csr = load_csr(args, &inventory, &mut assumptions)?;
+    let now = match &args.now {
+        Some(text) => OffsetDateTime::parse(text, &Rfc3339)
+            .with_context(|| format!("--now {text:?} is not RFC 3339"))?,
+        None => OffsetDateTime::now_utc(),
+    };
+    let clock = Clock {
+        now,
+        first_seen: csr.created.unwrap_or(now),
+        max_age: time::Duration::try_from(args.csr_max_age)
+            .context("--csr-max-age is too large")?,
+    };
+    let verifiers = Verifiers::new().with(attestation::insecure::InsecureVerifier);
+    let inputs = Inputs {
+        csr: &csr,
+        cluster: &cluster,
+        inventory: &inventory,
+        nodes: &nodes,
+        verifiers: &verifiers,
+        clock,
+    };
+    let decision = attestation::decide(&inputs)?;
+
+    let certificate = match (
+        &decision.outcome,
+        &args.ca_cert,
+        &args.ca_key,
+        decision.kind,
+    ) {
+        (
+            Outcome::Approved { .. },
+            Some(cert),
+            Some(key),
+            attestation::decision::CsrKind::KubeletClient,
+        ) => {
+            let ca = load_ca(cert, key)?;
+            let validity = Validity {
+                now,
+                requested_seconds: csr.expiration_seconds,
+                max: time::Duration::try_from(args.client_cert_duration)
+                    .context("--client-cert-duration is too large")?,
+            };
+            Some(ca.issue_for_request(&csr.request, validity)?.pem())
+        }
+        _ => None,
+    };
+    let report = Report {
+        decision: &decision,
+        certificate,
+        assumptions,
+    };
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        OutputFormat::Text => print!("{}", render_text(&report)),
+    }
+    Ok(matches!(decision.outcome, Outcome::Approved { .. }))
+}
+
+fn load_csr(
+    args: &CheckArgs,
+    inventory: &Inventory,
+    assumptions: &mut Vec<String>,
+) -> Result<CsrObject> {
+    let text = std::fs::read_to_string(&args.csr)
+        .with_context(|| format!("cannot read {}", args.csr.display()))?;
+    if !text.trim_start().starts_with("-----BEGIN") {
+        let object = read_one(&args.csr)?;
+        let kind = object
+            .get("kind")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        if kind != "CertificateSigningRequest" {
+            bail!(
+                "{} is a {kind:?}, not a CertificateSigningRequest or a PEM request",
+                args.csr.display()
+            );
+        }
+        let csr: CertificateSigningRequest = serde_json::from_value(object).with_context(|| {
+            format!(
+                "{} is not a valid certificates.k8s.io/v1 CSR",
+                args.csr.display()
+            )
+        })?;
+        return Ok(csr_object(&csr));
+    }
+    // A bare spec.request: fill in what a CSR object would carry.
+    let provider = RequestEnvelope::parse(text.as_bytes())
+        .ok()
+        .and_then(|e| e.provider);
+    let signer_name = match (&args.signer_name, provider.as_ref().map(|p| p.provider())) {
+        (Some(name), _) => name.clone(),
+        (None, Some("tpm")) => attestation::names::SIGNER_TPM.to_owned(),
+        _ => attestation::names::SIGNER_INSECURE.to_owned(),
+    };
+    let username = args.username.clone().unwrap_or_else(|| {
+        inventory
+            .kubeadm_configs
+            .iter()
+            .find_map(KubeadmConfigView::join_username)
+            .unwrap_or_else(|| "system:bootstrap:offline".to_owned())
+    });
+    let groups = if args.groups.is_empty() {
+        vec![GROUP_BOOTSTRAPPERS.to_owned()]
+    } else {
+        args.groups.clone()
+    };
+    let usages = if args.usages.is_empty() {
+        vec![
+            usage::DIGITAL_SIGNATURE.to_owned(),
+            usage::CLIENT_AUTH.to_owned(),
+        ]
+    } else {
+        args.usages.clone()
+    };
+    assumptions.push(format!(
+        "bare PEM: signer {signer_name}, requester {username} in {groups:?}, usages {usages:?}"
+    ));
+    Ok(CsrObject {
+        name: args
+            .csr
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        uid: String::new(),
+        request: text.into_bytes(),
+        signer_name,
+        usages,
+        username,
+        groups,
+        expiration_seconds: None,
+        created: None,
+    })
+}
+
+fn load_ca(cert: &Path, key: &Path) -> Result<ClusterCa> {
+    let cert_pem =
+        std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+    let key_pem = Zeroizing::new(
+        std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?,
+    );
+    ClusterCa::from_pem(&cert_pem, &key_pem)
+        .with_context(|| format!("CA {} / {}", cert.display(), key.display()))
+}
+
+fn render_text(report: &Report<'_>) -> String {
+    use std::fmt::Write;
+    let decision = report.decision;
+    let mut out = String::new();
+    for assumption in &report.assumptions {
+        let _ = writeln!(out, "note: {assumption}");
+    }
+    let _ = match &decision.outcome {
+        Outcome::Approved { reason, message } => writeln!(out, "Approved ({reason}): {message}"),
+        Outcome::Denied { reason, message } => writeln!(out, "Denied ({reason}): {message}"),
+        Outcome::Retry { message } => writeln!(out, "Retry (left pending): {message}"),
+        _ => writeln!(out, "{}", decision.outcome.name()),
+    };
+    let _ = writeln!(out, "rules:");
+    for rule in &decision.rules {
+        let (mark, text) = match &rule.verdict {
+            Verdict::Passed { note } => ("pass", note.clone()),
+            Verdict::Failed { reason, message } => ("FAIL", format!("{reason}: {message}")),
+            Verdict::Pending { message, .. } => ("wait", message.clone()),
+            Verdict::NotEvaluated { why } => ("skip", why.clone()),
+            _ => ("?", String::new()),
+        };
+        let _ = writeln!(out, "  {mark}  {:<18} {text}", rule.rule.as_str());
+    }
+    if let Some(claim) = &decision.claim {
+        let _ = writeln!(
+            out,
+            "claim to write on {:?} {}: {}={}",
+            claim.target.kind, claim.target.name, claim.annotation, claim.value
+        );
+    }
+    for (key, value) in &decision.annotations {
+        let _ = writeln!(out, "annotation to write on the CSR: {key}={value}");
+    }
+    if let Some(pem) = &report.certificate {
+        out.push_str(pem);
+    }
+    out
+}

@@ -1,0 +1,107 @@
+//! Cluster API objects as the management cluster serves them (v1beta2 unless said otherwise).
+
+use serde_json::{Value, json};
+
+/// Namespace of every fixture.
+pub const NAMESPACE: &str = "team-a";
+/// Cluster of every fixture.
+pub const CLUSTER: &str = "prod";
+
+/// An opted-in Cluster allowing `attestors` (comma list).
+pub fn cluster(attestors: &str) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE, "uid": "c1a55e00-0000-4000-8000-00000000c1a5",
+            "annotations": {"cluster.x-k8s.io/kubelet-authentication": "true", "cluster.x-k8s.io/kubelet-authorized-attestors": attestors}},
+        "spec": {"controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": "prod-cp"},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": "prod"}}
+    })
+}
+
+/// A bootstrapped v1beta2 Machine of the Cluster with `provider_id`, its KubeadmConfig
+/// `<name>-kc`, no node yet.
+pub fn machine(name: &str, provider_id: Option<&str>) -> Value {
+    let mut spec = json!({
+        "clusterName": CLUSTER,
+        "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": format!("{name}-kc")}},
+        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": format!("{name}-infra")}
+    });
+    if let Some(pid) = provider_id {
+        spec["providerID"] = json!(pid);
+    }
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}"), "resourceVersion": "100",
+                     "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+        "spec": spec,
+        "status": {"initialization": {"bootstrapDataSecretCreated": true, "infrastructureProvisioned": true},
+                   "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}, {"type": "InternalDNS", "address": format!("{name}.internal")}]}
+    })
+}
+
+/// The same Machine as the v1beta1 API serves it.
+pub fn machine_v1beta1(name: &str, provider_id: &str) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}"), "resourceVersion": "100"},
+        "spec": {"clusterName": CLUSTER, "providerID": provider_id,
+                 "bootstrap": {"configRef": {"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta1", "kind": "KubeadmConfig", "name": format!("{name}-kc")}},
+                 "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachine", "name": format!("{name}-infra")}},
+        "status": {"bootstrapReady": true, "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}
+    })
+}
+
+/// A v1beta2 MachinePool listing `provider_ids`, bootstrapped by KubeadmConfig `<name>-kc`.
+pub fn machine_pool(name: &str, provider_ids: &[&str]) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}"), "resourceVersion": "200"},
+        "spec": {"clusterName": CLUSTER, "replicas": provider_ids.len(), "providerIDList": provider_ids,
+                 "template": {"spec": {"clusterName": CLUSTER,
+                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": format!("{name}-kc")}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachinePool", "name": format!("{name}-infra")}}}},
+        "status": {"initialization": {"bootstrapDataSecretCreated": true}}
+    })
+}
+
+/// The v1beta1 form of [`machine_pool`].
+pub fn machine_pool_v1beta1(name: &str, provider_ids: &[&str]) -> Value {
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachinePool",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("uid-{name}"), "resourceVersion": "200"},
+        "spec": {"clusterName": CLUSTER, "providerIDList": provider_ids,
+                 "template": {"spec": {"clusterName": CLUSTER,
+                     "bootstrap": {"configRef": {"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta1", "kind": "KubeadmConfig", "name": format!("{name}-kc")}},
+                     "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DockerMachinePool", "name": format!("{name}-infra")}}}},
+        "status": {"bootstrapReady": true}
+    })
+}
+
+/// A KubeadmConfig whose join configuration names bootstrap token `<token_id>.<secret>`.
+pub fn kubeadm_config(name: &str, token_id: &str, api_version: &str) -> Value {
+    json!({
+        "apiVersion": format!("bootstrap.cluster.x-k8s.io/{api_version}"), "kind": "KubeadmConfig",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"joinConfiguration": {"discovery": {"bootstrapToken": {
+            "apiServerEndpoint": "10.0.0.1:6443", "token": format!("{token_id}.0123456789abcdef"), "unsafeSkipCAVerification": true}}}}
+    })
+}
+
+/// Sets an annotation.
+pub fn annotate(object: &mut Value, key: &str, value: &str) {
+    let meta = &mut object["metadata"];
+    if meta.get("annotations").is_none() {
+        meta["annotations"] = json!({});
+    }
+    meta["annotations"][key] = json!(value);
+}
+
+/// A workload-cluster Node.
+pub fn node(name: &str, provider_id: Option<&str>) -> Value {
+    let mut node =
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}});
+    if let Some(pid) = provider_id {
+        node["spec"]["providerID"] = json!(pid);
+    }
+    node
+}

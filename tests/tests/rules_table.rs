@@ -1,0 +1,1423 @@
+//! The rule engine, table-driven: every client and serving reason of the SPEC, and the
+//! approvals, with CSRs generated here (several key types, RSA with and without key
+//! encipherment). Each case starts from a CSR that is approved and bends one thing.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use attestation::attestor::{Evidence, Verification, Verifier, Verifiers};
+use attestation::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, Verdict};
+use attestation::insecure::InsecureVerifier;
+use attestation::machine::{
+    ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, NodeView,
+};
+use attestation::names::{SIGNER_TPM, usage};
+use attestation::request::KeyAlgorithm;
+use attestation::rules::{NodeDirectory, NodeLookup};
+use attestation::{Clock, CsrObject, Inputs};
+use rcgen::{CustomExtension, DnType, SanType};
+use serde_json::{Value, json};
+use tests::capi::{self, annotate};
+use tests::csr::{RequestSpec, client_csr_object, serving_csr_object, subject};
+use time::{Duration, OffsetDateTime, macros::datetime};
+
+const PID: &str = "aws:///us-east-1a/i-0abc";
+const NOW: OffsetDateTime = datetime!(2026-11-22 08:00 UTC);
+const EK: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+const OTHER_EK: &str = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
+
+/// A `tpm` verifier stand-in: returns a configured outcome and counts calls.
+struct FakeTpm {
+    outcome: Verification,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Verifier for FakeTpm {
+    fn provider(&self) -> &'static str {
+        "tpm"
+    }
+    fn versions(&self) -> &'static [&'static str] {
+        &["v1"]
+    }
+    fn signer_name(&self) -> &'static str {
+        SIGNER_TPM
+    }
+    fn proves_hardware_identity(&self) -> bool {
+        true
+    }
+    fn verify(&self, _evidence: &Evidence<'_>) -> Verification {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.outcome.clone()
+    }
+}
+
+/// Nodes that cannot be listed right now.
+struct Unreachable;
+
+impl NodeDirectory for Unreachable {
+    fn node(&self, _name: &str) -> NodeLookup {
+        NodeLookup::Unavailable("connection refused".into())
+    }
+}
+
+#[derive(Clone)]
+struct Scenario {
+    request: RequestSpec,
+    csr: CsrObject,
+    cluster: Value,
+    machines: Vec<Value>,
+    configs: Vec<Value>,
+    nodes: Vec<Value>,
+    nodes_unreachable: bool,
+    tpm: Option<Verification>,
+    /// Rewrites the built `spec.request`.
+    tamper: Option<fn(Vec<u8>) -> Vec<u8>>,
+    first_seen: OffsetDateTime,
+}
+
+fn verified(ek: &str) -> Verification {
+    Verification::Verified {
+        ek_sha256: Some(ek.to_owned()),
+        note: "fake".into(),
+    }
+}
+
+impl Scenario {
+    /// worker-0: a bootstrapped Machine with its KubeadmConfig, asked for by that config's token.
+    fn client() -> Self {
+        Self {
+            request: RequestSpec::kubelet("worker-0", PID),
+            csr: client_csr_object(Vec::new(), "abcdef"),
+            cluster: capi::cluster("tpm,insecure"),
+            machines: vec![
+                capi::machine("worker-0", Some(PID)),
+                capi::machine("worker-1", Some("aws:///us-east-1a/i-0def")),
+            ],
+            configs: vec![
+                capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2"),
+                capi::kubeadm_config("worker-1-kc", "ghijkl", "v1beta2"),
+            ],
+            nodes: Vec::new(),
+            nodes_unreachable: false,
+            tpm: None,
+            tamper: None,
+            first_seen: NOW - Duration::minutes(1),
+        }
+    }
+
+    /// worker-0 registered with nodeRef and addresses, asking for its serving certificate.
+    fn serving() -> Self {
+        let mut machine = capi::machine("worker-0", Some(PID));
+        machine["status"]["nodeRef"] = json!({"name": "worker-0"});
+        machine["status"]["addresses"] = json!([
+            {"type": "Hostname", "address": "worker-0"},
+            {"type": "InternalDNS", "address": "Worker-0.EC2.internal"},
+            {"type": "InternalIP", "address": "10.0.0.7"},
+            {"type": "InternalIP", "address": "fd00::7"}
+        ]);
+        Self {
+            request: RequestSpec::serving(
+                "worker-0",
+                vec![
+                    SanType::DnsName("worker-0".try_into().unwrap()),
+                    SanType::IpAddress("10.0.0.7".parse().unwrap()),
+                ],
+            ),
+            csr: serving_csr_object(Vec::new(), "worker-0"),
+            machines: vec![machine],
+            ..Self::client()
+        }
+    }
+
+    fn as_tpm(&mut self, outcome: Verification) {
+        self.request.provider = Some("tpm/v1".into());
+        self.request.data = Some(br#"{"phase":2}"#.to_vec());
+        self.csr.signer_name = SIGNER_TPM.into();
+        self.tpm = Some(outcome);
+    }
+
+    fn claim(&mut self, node: &str, csr_uid: &str, ek: Option<&str>) {
+        let mut record = json!({"nodeName": node, "providerID": PID, "csrUID": csr_uid, "claimedAt": "2026-11-01T00:00:00Z"});
+        if let Some(ek) = ek {
+            record["ekSHA256"] = json!(ek);
+        }
+        annotate(
+            &mut self.machines[0],
+            "cluster.x-k8s.io/kubelet-claim",
+            &record.to_string(),
+        );
+    }
+
+    fn renewal(&mut self) {
+        self.claim("worker-0", "earlier-csr", None);
+        self.machines[0]["status"]["nodeRef"] = json!({"name": "worker-0"});
+        self.nodes.push(capi::node("worker-0", Some(PID)));
+        self.csr.username = "system:node:worker-0".into();
+        self.csr.groups = vec!["system:nodes".into(), "system:authenticated".into()];
+    }
+
+    fn decide_counting(&self) -> (Decision, usize) {
+        let mut csr = self.csr.clone();
+        csr.request = self.request.build();
+        if let Some(tamper) = self.tamper {
+            csr.request = tamper(csr.request);
+        }
+        let cluster = ClusterView::from_object(&self.cluster).unwrap();
+        let mut inventory = Inventory::default();
+        for m in &self.machines {
+            match m["kind"].as_str() {
+                Some("MachinePool") => inventory
+                    .pools
+                    .push(MachinePoolView::from_object(m).unwrap()),
+                _ => inventory
+                    .machines
+                    .push(MachineView::from_object(m).unwrap()),
+            }
+        }
+        inventory.kubeadm_configs = self
+            .configs
+            .iter()
+            .map(|c| KubeadmConfigView::from_object(c).unwrap())
+            .collect();
+        let nodes: Vec<NodeView> = self
+            .nodes
+            .iter()
+            .map(|n| NodeView::from_object(n).unwrap())
+            .collect();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut verifiers = Verifiers::new().with(InsecureVerifier);
+        if let Some(outcome) = &self.tpm {
+            verifiers = verifiers.with(FakeTpm {
+                outcome: outcome.clone(),
+                calls: calls.clone(),
+            });
+        }
+        let directory: &dyn NodeDirectory = if self.nodes_unreachable {
+            &Unreachable
+        } else {
+            &nodes
+        };
+        let inputs = Inputs {
+            csr: &csr,
+            cluster: &cluster,
+            inventory: &inventory,
+            nodes: directory,
+            verifiers: &verifiers,
+            clock: Clock {
+                now: NOW,
+                first_seen: self.first_seen,
+                max_age: Duration::minutes(15),
+            },
+        };
+        let decision = attestation::decide(&inputs).unwrap();
+        (decision, calls.load(Ordering::SeqCst))
+    }
+
+    fn decide(&self) -> Decision {
+        self.decide_counting().0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expect {
+    Approved,
+    Denied(DenyReason),
+    Retry,
+}
+
+type Case = (&'static str, fn() -> Scenario, Expect);
+
+fn check(cases: &[Case]) {
+    let mut failures = Vec::new();
+    for (name, scenario, expect) in cases {
+        let decision = scenario().decide();
+        let got = match &decision.outcome {
+            Outcome::Approved { .. } => Expect::Approved,
+            Outcome::Denied { reason, .. } => Expect::Denied(*reason),
+            Outcome::Retry { .. } => Expect::Retry,
+            other => panic!("unexpected outcome {other:?}"),
+        };
+        // Every rule gets a verdict, and a denial names a failing rule's reason.
+        assert_eq!(
+            decision.rules.len(),
+            if decision.kind == CsrKind::KubeletClient {
+                12
+            } else {
+                8
+            },
+            "{name}"
+        );
+        if got != *expect {
+            failures.push(format!(
+                "{name}: expected {expect:?}, got {got:?}\n{}",
+                serde_json::to_string_pretty(&decision).unwrap()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn client_csr_table() {
+    use DenyReason::*;
+    use Expect::{Approved, Denied, Retry};
+    let cases: Vec<Case> = vec![
+        (
+            "approves the machine's own join token with a P-256 key",
+            Scenario::client,
+            Approved,
+        ),
+        (
+            "approves a P-384 key",
+            || {
+                let mut s = Scenario::client();
+                s.request.key = KeyAlgorithm::EcdsaP384;
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves an Ed25519 key",
+            || {
+                let mut s = Scenario::client();
+                s.request.key = KeyAlgorithm::Ed25519;
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves an RSA key asking for key encipherment",
+            || {
+                let mut s = Scenario::client();
+                s.request.key = KeyAlgorithm::Rsa2048;
+                s.csr.usages.push(usage::KEY_ENCIPHERMENT.into());
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves an RSA key without key encipherment",
+            || {
+                let mut s = Scenario::client();
+                s.request.key = KeyAlgorithm::Rsa2048;
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves a v1beta1 Machine and KubeadmConfig",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0] = capi::machine_v1beta1("worker-0", PID);
+                s.configs[0] = capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta1");
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves the infrastructure machine's name as node name",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-0-infra", PID);
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves an InternalDNS address as node name",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-0.internal", PID);
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves a MachinePool instance listed in providerIDList",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("pool-node-x1", "aws:///us-east-1a/i-pool1");
+                s.machines.push(capi::machine_pool(
+                    "pool-a",
+                    &["aws:///us-east-1a/i-pool1", "aws:///us-east-1a/i-pool2"],
+                ));
+                s.configs
+                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves a v1beta1 MachinePool instance",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("pool-node-x1", "aws:///us-east-1a/i-pool1");
+                s.machines.push(capi::machine_pool_v1beta1(
+                    "pool-a",
+                    &["aws:///us-east-1a/i-pool1"],
+                ));
+                s.configs
+                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta1"));
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves a renewal by the node itself",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves again a CSR whose claim it already wrote (restart)",
+            || {
+                let mut s = Scenario::client();
+                let uid = s.csr.uid.clone();
+                s.claim("worker-0", &uid, None);
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves and replaces a stale claim for another provider ID",
+            || {
+                let mut s = Scenario::client();
+                annotate(
+                    &mut s.machines[0],
+                    "cluster.x-k8s.io/kubelet-claim",
+                    r#"{"nodeName":"old","providerID":"aws:///old","csrUID":"x","claimedAt":"2026-01-01T00:00:00Z"}"#,
+                );
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves any bootstrap token when the KubeadmConfig names none",
+            || {
+                let mut s = Scenario::client();
+                s.configs[0]["spec"] = json!({});
+                s.csr.username = "system:bootstrap:zzzzzz".into();
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves when the bootstrap config is not kubeadm's",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["spec"]["bootstrap"]["configRef"] = json!({"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "TalosConfig", "name": "t"});
+                s.csr.username = "system:bootstrap:zzzzzz".into();
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves the v1beta2 BootstrapConfigReady condition",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["status"] = json!({"conditions": [{"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-22T07:00:00Z"}]});
+                s
+            },
+            Approved,
+        ),
+        // Rule 1.
+        (
+            "denies bytes that are not PEM",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|_| b"hello".to_vec());
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a request with a private key block appended",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|mut r| {
+                    r.extend_from_slice(
+                        b"-----BEGIN PRIVATE KEY-----\nAQID\n-----END PRIVATE KEY-----\n",
+                    );
+                    r
+                });
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies text after the last block",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|mut r| {
+                    r.extend_from_slice(b"trailing");
+                    r
+                });
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a CSR block that is not PKCS#10",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|_| {
+                    b"-----BEGIN CERTIFICATE REQUEST-----\nMAMCAQE=\n-----END CERTIFICATE REQUEST-----\n".to_vec()
+                });
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a request over 64 KiB",
+            || {
+                let mut s = Scenario::client();
+                s.request.data = Some(vec![b'x'; 70_000]);
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        // Rule 2.
+        (
+            "denies a corrupted self-signature",
+            || {
+                let mut s = Scenario::client();
+                s.request.corrupt_signature = true;
+                s
+            },
+            Denied(InvalidSignature),
+        ),
+        (
+            "denies a P-521 key",
+            || {
+                let mut s = Scenario::client();
+                s.request.unusual_key = Some(&rcgen::PKCS_ECDSA_P521_SHA512);
+                s
+            },
+            Denied(InvalidSignature),
+        ),
+        // Rule 3.
+        (
+            "denies a CN without system:node:",
+            || {
+                let mut s = Scenario::client();
+                s.request.subject = subject(&[
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "worker-0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "denies O=system:masters",
+            || {
+                let mut s = Scenario::client();
+                s.request.subject = subject(&[
+                    (DnType::OrganizationName, "system:masters"),
+                    (DnType::CommonName, "system:node:worker-0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "denies a second O",
+            || {
+                let mut s = Scenario::client();
+                s.request.subject = subject(&[
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::OrganizationName, "system:masters"),
+                    (DnType::CommonName, "system:node:worker-0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "denies an extra subject attribute",
+            || {
+                let mut s = Scenario::client();
+                s.request.subject = subject(&[
+                    (DnType::CountryName, "US"),
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "system:node:worker-0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "denies a node name that is not a DNS subdomain",
+            || {
+                let mut s = Scenario::client();
+                s.request.subject = subject(&[
+                    (DnType::OrganizationName, "system:nodes"),
+                    (DnType::CommonName, "system:node:Worker_0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        // Rule 4.
+        (
+            "denies a DNS SAN",
+            || {
+                let mut s = Scenario::client();
+                s.request.sans = vec![SanType::DnsName("kubernetes".try_into().unwrap())];
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        (
+            "denies an IP SAN",
+            || {
+                let mut s = Scenario::client();
+                s.request.sans = vec![SanType::IpAddress("10.96.0.1".parse().unwrap())];
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        // Rule 5.
+        (
+            "denies a CA basic constraint",
+            || {
+                let mut s = Scenario::client();
+                s.request.extra_extensions = vec![CustomExtension::from_oid_content(
+                    &[2, 5, 29, 19],
+                    vec![0x30, 0x03, 0x01, 0x01, 0xff],
+                )];
+                s
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies an unknown extension",
+            || {
+                let mut s = Scenario::client();
+                s.request.extra_extensions = vec![CustomExtension::from_oid_content(
+                    &[1, 2, 3, 4],
+                    vec![0x05, 0x00],
+                )];
+                s
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a critical provider-ID extension",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider_id_critical = true;
+                s
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a repeated provider-ID extension",
+            || {
+                let mut s = Scenario::client();
+                let value = s.request.provider_id_extension.clone().unwrap();
+                s.request.extra_extensions = vec![CustomExtension::from_oid_content(
+                    attestation::names::PROVIDER_ID_OID,
+                    value,
+                )];
+                s
+            },
+            Denied(ForbiddenExtension),
+        ),
+        // Rule 6.
+        (
+            "denies server auth on a client CSR",
+            || {
+                let mut s = Scenario::client();
+                s.csr.usages.push(usage::SERVER_AUTH.into());
+                s
+            },
+            Denied(ForbiddenUsage),
+        ),
+        (
+            "denies key encipherment for an ECDSA key",
+            || {
+                let mut s = Scenario::client();
+                s.csr.usages.push(usage::KEY_ENCIPHERMENT.into());
+                s
+            },
+            Denied(ForbiddenUsage),
+        ),
+        (
+            "denies a CSR without client auth",
+            || {
+                let mut s = Scenario::client();
+                s.csr.usages = vec![usage::DIGITAL_SIGNATURE.into()];
+                s
+            },
+            Denied(ForbiddenUsage),
+        ),
+        // Rule 7.
+        (
+            "denies a service account",
+            || {
+                let mut s = Scenario::client();
+                s.csr.username = "system:serviceaccount:kube-system:default".into();
+                s.csr.groups = vec!["system:serviceaccounts".into()];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "denies a bootstrap user outside system:bootstrappers",
+            || {
+                let mut s = Scenario::client();
+                s.csr.groups = vec!["system:authenticated".into()];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "denies a token that is not the Machine's KubeadmConfig's",
+            || {
+                let mut s = Scenario::client();
+                s.csr.username = "system:bootstrap:ghijkl".into();
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "denies a renewal by another node",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.csr.username = "system:node:worker-1".into();
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "denies a renewal for a Machine without a claim",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.machines[0]["metadata"]["annotations"] = json!({});
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        // Rule 8.
+        (
+            "denies a CSR without the provider-ID extension",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider_id_extension = None;
+                s
+            },
+            Denied(MissingProviderId),
+        ),
+        (
+            "denies a provider ID encoded as PrintableString",
+            || {
+                let mut s = Scenario::client();
+                let mut value = s.request.provider_id_extension.clone().unwrap();
+                value[0] = 0x13;
+                s.request.provider_id_extension = Some(value);
+                s
+            },
+            Denied(MissingProviderId),
+        ),
+        (
+            "denies an empty provider ID",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider_id_extension = Some(vec![0x0c, 0x00]);
+                s
+            },
+            Denied(MissingProviderId),
+        ),
+        // Rule 9.
+        (
+            "denies a provider ID no Machine has once all Machines have one",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-0", "aws:///us-east-1a/i-unknown");
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "waits while a Machine still has no provider ID",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-2", "aws:///us-east-1a/i-unknown");
+                s.machines.push(capi::machine("worker-2", None));
+                s
+            },
+            Retry,
+        ),
+        (
+            "denies a provider ID on two Machines",
+            || {
+                let mut s = Scenario::client();
+                s.machines[1]["spec"]["providerID"] = json!(PID);
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "denies a provider ID only a Machine of another namespace has",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["metadata"]["namespace"] = json!("team-b");
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "denies a provider ID only a Machine of another Cluster has",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["spec"]["clusterName"] = json!("other");
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "denies a Machine being deleted",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["metadata"]["deletionTimestamp"] = json!("2026-11-22T07:59:00Z");
+                s
+            },
+            Denied(MachineNotReady),
+        ),
+        (
+            "waits for bootstrap data",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["status"] = json!({});
+                s
+            },
+            Retry,
+        ),
+        (
+            "expires waiting for bootstrap data past --csr-max-age",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["status"] = json!({});
+                s.first_seen = NOW - Duration::minutes(16);
+                s
+            },
+            Denied(Expired),
+        ),
+        (
+            "waits for a KubeadmConfig not yet seen",
+            || {
+                let mut s = Scenario::client();
+                s.configs.remove(0);
+                s
+            },
+            Retry,
+        ),
+        // Rule 10.
+        (
+            "denies a node name unrelated to the Machine",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("kube-apiserver-0", PID);
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a name whose Node carries another provider ID",
+            || {
+                let mut s = Scenario::client();
+                s.nodes
+                    .push(capi::node("worker-0", Some("aws:///us-east-1a/i-0def")));
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a name other than the claim's",
+            || {
+                let mut s = Scenario::client();
+                s.claim("worker-0", "first-csr", None);
+                s.request = RequestSpec::kubelet("worker-0.internal", PID);
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a renewal under another name than the claim's",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.request = RequestSpec::kubelet("worker-0.internal", PID);
+                s.csr.username = "system:node:worker-0.internal".into();
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "waits when the workload cluster cannot be asked for Nodes",
+            || {
+                let mut s = Scenario::client();
+                s.nodes_unreachable = true;
+                s
+            },
+            Retry,
+        ),
+        // Rule 11.
+        (
+            "denies the hijack of a registered node (status.nodeRef)",
+            || {
+                let mut s = Scenario::client();
+                s.machines[0]["status"]["nodeRef"] = json!({"name": "worker-0"});
+                s
+            },
+            Denied(NodeAlreadyRegistered),
+        ),
+        (
+            "denies an initial request when the Node exists",
+            || {
+                let mut s = Scenario::client();
+                s.nodes.push(capi::node("worker-0", Some(PID)));
+                s
+            },
+            Denied(NodeAlreadyRegistered),
+        ),
+        (
+            "denies an initial request for a claimed Machine",
+            || {
+                let mut s = Scenario::client();
+                s.claim("worker-0", "another-csr", None);
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+        (
+            "denies when the claim annotation does not decode",
+            || {
+                let mut s = Scenario::client();
+                annotate(
+                    &mut s.machines[0],
+                    "cluster.x-k8s.io/kubelet-claim",
+                    "{not json",
+                );
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+        (
+            "denies a second instance claim in a MachinePool",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("pool-node-x1", "aws:///us-east-1a/i-pool1");
+                let mut pool = capi::machine_pool("pool-a", &["aws:///us-east-1a/i-pool1"]);
+                annotate(
+                    &mut pool,
+                    "cluster.x-k8s.io/kubelet-claims",
+                    r#"{"aws:///us-east-1a/i-pool1":{"nodeName":"pool-node-x1","providerID":"aws:///us-east-1a/i-pool1","csrUID":"first","claimedAt":"2026-11-01T00:00:00Z"}}"#,
+                );
+                s.machines.push(pool);
+                s.configs
+                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+        // Rule 12.
+        (
+            "denies a CSR without attestation blocks",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider = None;
+                s
+            },
+            Denied(AttestationMissing),
+        ),
+        (
+            "denies insecure/v1 where the Cluster allows only tpm",
+            || {
+                let mut s = Scenario::client();
+                s.cluster = capi::cluster("tpm");
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "denies insecure/v1 filed with the tpm signer",
+            || {
+                let mut s = Scenario::client();
+                s.csr.signer_name = SIGNER_TPM.into();
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "denies an unsupported version",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider = Some("insecure/v2".into());
+                s
+            },
+            Denied(UnsupportedAttestationVersion),
+        ),
+        (
+            "denies an unknown provider",
+            || {
+                let mut s = Scenario::client();
+                s.request.provider = Some("sgx/v1".into());
+                s
+            },
+            Denied(UnsupportedAttestationVersion),
+        ),
+        (
+            "denies insecure/v1 with a DATA block",
+            || {
+                let mut s = Scenario::client();
+                s.request.data = Some(b"x".to_vec());
+                s
+            },
+            Denied(AttestationInvalid),
+        ),
+        (
+            "denies an EK the verifier does not trust",
+            || {
+                let mut s = Scenario::client();
+                s.as_tpm(Verification::Failed {
+                    reason: EndorsementKeyUntrusted,
+                    message: "no chain".into(),
+                });
+                s
+            },
+            Denied(EndorsementKeyUntrusted),
+        ),
+        (
+            "denies a failed challenge",
+            || {
+                let mut s = Scenario::client();
+                s.as_tpm(Verification::Failed {
+                    reason: ChallengeFailed,
+                    message: "wrong secret".into(),
+                });
+                s
+            },
+            Denied(ChallengeFailed),
+        ),
+        (
+            "approves a verified tpm/v1 CSR",
+            || {
+                let mut s = Scenario::client();
+                s.as_tpm(verified(EK));
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves the re-bootstrap of a claimed, registered Machine with the claim's EK",
+            || {
+                let mut s = Scenario::client();
+                s.as_tpm(verified(EK));
+                s.claim("worker-0", "lost-disk-csr", Some(EK));
+                s.machines[0]["status"]["nodeRef"] = json!({"name": "worker-0"});
+                s.nodes.push(capi::node("worker-0", Some(PID)));
+                s
+            },
+            Approved,
+        ),
+        (
+            "denies the re-bootstrap of a claimed Machine with another EK",
+            || {
+                let mut s = Scenario::client();
+                s.as_tpm(verified(OTHER_EK));
+                s.claim("worker-0", "first-csr", Some(EK));
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+        (
+            "denies a tpm/v1 renewal showing another EK",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.claim("worker-0", "first-csr", Some(EK));
+                s.as_tpm(verified(OTHER_EK));
+                s
+            },
+            Denied(EndorsementKeyMismatch),
+        ),
+        (
+            "denies an insecure re-bootstrap of a TPM-claimed Machine",
+            || {
+                let mut s = Scenario::client();
+                s.claim("worker-0", "first-csr", Some(EK));
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+    ];
+    check(&cases);
+}
+
+#[test]
+fn serving_csr_table() {
+    use DenyReason::*;
+    use Expect::{Approved, Denied, Retry};
+    let cases: Vec<Case> = vec![
+        (
+            "approves DNS and IP SANs that are the Machine's addresses",
+            Scenario::serving,
+            Approved,
+        ),
+        (
+            "approves a DNS SAN differing only in case",
+            || {
+                let mut s = Scenario::serving();
+                s.request.sans = vec![SanType::DnsName(
+                    "worker-0.ec2.INTERNAL".try_into().unwrap(),
+                )];
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves an IPv6 SAN in another spelling",
+            || {
+                let mut s = Scenario::serving();
+                s.request.sans = vec![SanType::IpAddress("fd00:0:0:0:0:0:0:7".parse().unwrap())];
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves key encipherment with an ECDSA key (kubelets before 1.27)",
+            || {
+                let mut s = Scenario::serving();
+                s.csr.usages.push(usage::KEY_ENCIPHERMENT.into());
+                s
+            },
+            Approved,
+        ),
+        (
+            "approves a node found through the signer's claim",
+            || {
+                let mut s = Scenario::serving();
+                s.machines[0]["status"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("nodeRef");
+                s.claim("worker-0", "c", None);
+                s
+            },
+            Approved,
+        ),
+        (
+            "waits for a SAN not yet among the addresses",
+            || {
+                let mut s = Scenario::serving();
+                s.request
+                    .sans
+                    .push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
+                s
+            },
+            Retry,
+        ),
+        (
+            "denies a SAN still not among the addresses past --csr-max-age",
+            || {
+                let mut s = Scenario::serving();
+                s.request
+                    .sans
+                    .push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
+                s.first_seen = NOW - Duration::minutes(20);
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        (
+            "denies an email SAN at once",
+            || {
+                let mut s = Scenario::serving();
+                s.request
+                    .sans
+                    .push(SanType::Rfc822Name("root@example.com".try_into().unwrap()));
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        (
+            "denies a URI SAN at once",
+            || {
+                let mut s = Scenario::serving();
+                s.request
+                    .sans
+                    .push(SanType::URI("spiffe://cluster/ns/x".try_into().unwrap()));
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        (
+            "denies a request without SANs",
+            || {
+                let mut s = Scenario::serving();
+                s.request.sans.clear();
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+        (
+            "denies a bootstrap-token requester",
+            || {
+                let mut s = Scenario::serving();
+                s.csr.username = "system:bootstrap:abcdef".into();
+                s.csr.groups = vec!["system:bootstrappers".into()];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "denies a CN that is not the requester",
+            || {
+                let mut s = Scenario::serving();
+                s.csr.username = "system:node:worker-1".into();
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "denies client auth on a serving CSR",
+            || {
+                let mut s = Scenario::serving();
+                s.csr.usages.push(usage::CLIENT_AUTH.into());
+                s
+            },
+            Denied(ForbiddenUsage),
+        ),
+        (
+            "denies a corrupted signature",
+            || {
+                let mut s = Scenario::serving();
+                s.request.corrupt_signature = true;
+                s
+            },
+            Denied(InvalidSignature),
+        ),
+        (
+            "denies attestation blocks on a serving CSR",
+            || {
+                let mut s = Scenario::serving();
+                s.request.provider = Some("insecure/v1".into());
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "waits while no Machine has the node",
+            || {
+                let mut s = Scenario::serving();
+                s.machines[0]["status"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("nodeRef");
+                s
+            },
+            Retry,
+        ),
+        (
+            "never finds the Machine through the Node's own providerID",
+            || {
+                let mut s = Scenario::serving();
+                s.machines[0]["status"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("nodeRef");
+                s.nodes.push(capi::node("worker-0", Some(PID)));
+                s
+            },
+            Retry,
+        ),
+        (
+            "denies a node two Machines point at",
+            || {
+                let mut s = Scenario::serving();
+                let mut twin = s.machines[0].clone();
+                twin["metadata"]["name"] = json!("worker-9");
+                s.machines.push(twin);
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "waits, then denies, a MachinePool instance: pools carry no addresses",
+            || {
+                let mut s = Scenario::serving();
+                s.machines.clear();
+                let mut pool = capi::machine_pool("pool-a", &[PID]);
+                annotate(
+                    &mut pool,
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &format!(
+                        r#"{{"{PID}":{{"nodeName":"worker-0","providerID":"{PID}","csrUID":"c","claimedAt":"2026-11-01T00:00:00Z"}}}}"#
+                    ),
+                );
+                s.machines.push(pool);
+                s.first_seen = NOW - Duration::minutes(20);
+                s
+            },
+            Denied(ForbiddenSan),
+        ),
+    ];
+    check(&cases);
+}
+
+#[test]
+fn an_approved_initial_request_writes_the_claim_with_a_precondition() {
+    let decision = Scenario::client().decide();
+    let claim = decision.claim.expect("initial issuance writes a claim");
+    assert_eq!(claim.annotation, "cluster.x-k8s.io/kubelet-claim");
+    assert_eq!(claim.resource_version.as_deref(), Some("100"));
+    assert_eq!(claim.record.node_name, "worker-0");
+    assert_eq!(claim.record.provider_id, PID);
+    assert_eq!(claim.record.csr_uid, Scenario::client().csr.uid);
+    assert_eq!(claim.record.claimed_at, "2026-11-22T08:00:00Z");
+    assert_eq!(decision.target.map(|t| t.name), Some("worker-0".into()));
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { ref reason, .. } if reason == "AttestedInsecureV1")
+    );
+}
+
+#[test]
+fn a_tpm_claim_records_the_attested_ek() {
+    let mut s = Scenario::client();
+    s.as_tpm(verified(EK));
+    let claim = s.decide().claim.expect("claim");
+    assert_eq!(claim.record.ek_sha256.as_deref(), Some(EK));
+}
+
+#[test]
+fn renewals_and_resumed_claims_write_no_claim() {
+    let mut renewal = Scenario::client();
+    renewal.renewal();
+    assert!(renewal.decide().claim.is_none());
+    let mut resumed = Scenario::client();
+    let uid = resumed.csr.uid.clone();
+    resumed.claim("worker-0", &uid, None);
+    assert!(resumed.decide().claim.is_none());
+}
+
+#[test]
+fn a_pool_claim_keeps_the_other_instances_records() {
+    let mut s = Scenario::client();
+    s.request = RequestSpec::kubelet("pool-node-x2", "aws:///us-east-1a/i-pool2");
+    let mut pool = capi::machine_pool(
+        "pool-a",
+        &["aws:///us-east-1a/i-pool1", "aws:///us-east-1a/i-pool2"],
+    );
+    annotate(
+        &mut pool,
+        "cluster.x-k8s.io/kubelet-claims",
+        r#"{"aws:///us-east-1a/i-pool1":{"nodeName":"pool-node-x1","providerID":"aws:///us-east-1a/i-pool1","csrUID":"first","claimedAt":"2026-11-01T00:00:00Z"}}"#,
+    );
+    s.machines.push(pool);
+    s.configs
+        .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+    let claim = s.decide().claim.expect("claim");
+    assert_eq!(claim.annotation, "cluster.x-k8s.io/kubelet-claims");
+    let records: Value = serde_json::from_str(&claim.value).unwrap();
+    assert_eq!(records.as_object().unwrap().len(), 2);
+    assert_eq!(
+        records["aws:///us-east-1a/i-pool2"]["nodeName"],
+        "pool-node-x2"
+    );
+}
+
+#[test]
+fn cheap_rules_run_before_any_cryptography() {
+    let mut s = Scenario::client();
+    s.as_tpm(verified(EK));
+    s.request.corrupt_signature = true;
+    s.csr.usages.push(usage::SERVER_AUTH.into());
+    let (decision, calls) = s.decide_counting();
+    assert_eq!(calls, 0, "the verifier must not run after a cheap failure");
+    assert!(matches!(
+        decision.verdict(Rule::Signature),
+        Some(Verdict::NotEvaluated { .. })
+    ));
+    assert!(matches!(
+        decision.outcome,
+        Outcome::Denied {
+            reason: DenyReason::ForbiddenUsage,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn an_unsupported_version_is_answered_with_the_supported_ones() {
+    let mut s = Scenario::client();
+    s.request.provider = Some("insecure/v9".into());
+    let decision = s.decide();
+    assert_eq!(
+        decision
+            .annotations
+            .get("cluster.x-k8s.io/attestation-supported-versions")
+            .map(String::as_str),
+        Some("insecure/v1")
+    );
+}
+
+#[test]
+fn denial_messages_name_the_offending_value_truncated() {
+    let mut s = Scenario::client();
+    s.csr.username = format!("system:serviceaccount:{}", "x".repeat(5000));
+    let decision = s.decide();
+    let Outcome::Denied { message, .. } = decision.outcome else {
+        panic!("denied")
+    };
+    assert!(message.contains("system:serviceaccount:xxx"), "{message}");
+    assert!(
+        message.len() < 600,
+        "attacker-controlled text is truncated: {} bytes",
+        message.len()
+    );
+}
+
+#[test]
+fn every_failing_cheap_rule_is_reported_not_just_the_first() {
+    let mut s = Scenario::client();
+    s.request.sans = vec![SanType::DnsName("x".try_into().unwrap())];
+    s.csr.usages.push(usage::SERVER_AUTH.into());
+    let decision = s.decide();
+    assert!(matches!(
+        decision.verdict(Rule::SubjectAltNames),
+        Some(Verdict::Failed {
+            reason: DenyReason::ForbiddenSan,
+            ..
+        })
+    ));
+    assert!(matches!(
+        decision.verdict(Rule::Usages),
+        Some(Verdict::Failed {
+            reason: DenyReason::ForbiddenUsage,
+            ..
+        })
+    ));
+    assert!(
+        matches!(
+            decision.outcome,
+            Outcome::Denied {
+                reason: DenyReason::ForbiddenSan,
+                ..
+            }
+        ),
+        "the first in SPEC order decides"
+    );
+}
