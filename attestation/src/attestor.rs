@@ -116,9 +116,7 @@ pub struct Verifiers {
 
 impl std::fmt::Debug for Verifiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list()
-            .entries(self.list.iter().map(|v| v.provider()))
-            .finish()
+        f.debug_list().entries(self.list.iter().map(|v| v.provider())).finish()
     }
 }
 
@@ -137,18 +135,12 @@ impl Verifiers {
 
     /// The verifier for a provider.
     pub fn for_provider(&self, provider: &str) -> Option<&dyn Verifier> {
-        self.list
-            .iter()
-            .find(|v| v.provider() == provider)
-            .map(|v| &**v)
+        self.list.iter().find(|v| v.provider() == provider).map(|v| &**v)
     }
 
     /// The verifier serving a signer name.
     pub fn for_signer(&self, signer_name: &str) -> Option<&dyn Verifier> {
-        self.list
-            .iter()
-            .find(|v| v.signer_name() == signer_name)
-            .map(|v| &**v)
+        self.list.iter().find(|v| v.signer_name() == signer_name).map(|v| &**v)
     }
 
     /// Every supported `<provider>/<version>`, comma-separated (the value of
@@ -157,11 +149,7 @@ impl Verifiers {
         let mut all: Vec<String> = self
             .list
             .iter()
-            .flat_map(|v| {
-                v.versions()
-                    .iter()
-                    .map(move |ver| format!("{}/{ver}", v.provider()))
-            })
+            .flat_map(|v| v.versions().iter().map(move |ver| format!("{}/{ver}", v.provider())))
             .collect();
         all.sort();
         all.join(",")

@@ -7,8 +7,8 @@ use std::fmt;
 
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 use rcgen::{
-    CertificateParams, DistinguishedName, DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, PublicKeyData, SignatureAlgorithm, SigningKey,
+    CertificateParams, DistinguishedName, DnType, DnValue, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PublicKeyData, SignatureAlgorithm, SigningKey,
 };
 use rustls_pki_types::PrivateKeyDer;
 use time::{Duration, OffsetDateTime};
@@ -165,14 +165,10 @@ impl ClusterCa {
     /// Loads `tls.crt` and `tls.key`. The key may be RSA PKCS#1 (Cluster API's default),
     /// PKCS#8, or EC SEC1; it must match the certificate.
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {
-        let cert =
-            pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
+        let cert = pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
         if cert.tag() != "CERTIFICATE" {
             return Err(CaError::CertificatePem {
-                why: format!(
-                    "found a {:?} block",
-                    crate::identity::truncate(cert.tag(), 40)
-                ),
+                why: format!("found a {:?} block", crate::identity::truncate(cert.tag(), 40)),
             });
         }
         let cert_der = cert.into_contents();
@@ -183,24 +179,17 @@ impl ClusterCa {
             return Err(CaError::NotACa { subject });
         }
         let spki = x509.public_key();
-        let algorithm =
-            signing_algorithm(&spki.algorithm).ok_or_else(|| CaError::KeyUnsupported {
-                key: spki.algorithm.algorithm.to_id_string(),
-            })?;
+        let algorithm = signing_algorithm(&spki.algorithm).ok_or_else(|| CaError::KeyUnsupported {
+            key: spki.algorithm.algorithm.to_id_string(),
+        })?;
 
         let key_block = pem::parse(key_pem).map_err(|_| CaError::KeyPem)?;
-        if !matches!(
-            key_block.tag(),
-            "RSA PRIVATE KEY" | "EC PRIVATE KEY" | "PRIVATE KEY"
-        ) {
+        if !matches!(key_block.tag(), "RSA PRIVATE KEY" | "EC PRIVATE KEY" | "PRIVATE KEY") {
             return Err(CaError::KeyPem);
         }
         let key_der = Zeroizing::new(key_block.into_contents());
         let private = PrivateKeyDer::try_from(key_der.as_slice()).map_err(|_| CaError::KeyPem)?;
-        let key = CaKey(
-            KeyPair::from_der_and_sign_algo(&private, algorithm)
-                .map_err(|_| CaError::KeyMismatch)?,
-        );
+        let key = CaKey(KeyPair::from_der_and_sign_algo(&private, algorithm).map_err(|_| CaError::KeyMismatch)?);
         if key.der_bytes() != spki.subject_public_key.data.as_ref() {
             return Err(CaError::KeyMismatch);
         }
@@ -233,21 +222,16 @@ impl ClusterCa {
     }
 
     /// Signs the request in a CSR's `spec.request` (see [`ClusterCa::issue`]).
-    pub fn issue_for_request(
-        &self,
-        request: &[u8],
-        validity: Validity,
-    ) -> Result<IssuedCertificate, IssueError> {
-        let envelope = crate::envelope::RequestEnvelope::parse(request)
-            .map_err(|e| IssueError::Request(e.to_string()))?;
-        let csr = ParsedCsr::from_der(&envelope.csr_der)
-            .map_err(|e| IssueError::Request(e.to_string()))?;
+    pub fn issue_for_request(&self, request: &[u8], validity: Validity) -> Result<IssuedCertificate, IssueError> {
+        let envelope =
+            crate::envelope::RequestEnvelope::parse(request).map_err(|e| IssueError::Request(e.to_string()))?;
+        let csr = ParsedCsr::from_der(&envelope.csr_der).map_err(|e| IssueError::Request(e.to_string()))?;
         let extension = csr
             .provider_id_extensions()
             .next()
             .ok_or_else(|| IssueError::Request("no provider-ID extension".into()))?;
-        let provider_id = ProviderId::from_extension_value(&extension.value)
-            .map_err(|e| IssueError::Request(e.to_string()))?;
+        let provider_id =
+            ProviderId::from_extension_value(&extension.value).map_err(|e| IssueError::Request(e.to_string()))?;
         self.issue(&csr, &provider_id, validity)
     }
 
@@ -279,10 +263,7 @@ impl ClusterCa {
         params.not_after = not_after;
         params.distinguished_name = copy_subject(csr)?;
         params.key_usages = if csr.key_kind.is_rsa() {
-            vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ]
+            vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment]
         } else {
             vec![KeyUsagePurpose::DigitalSignature]
         };
@@ -317,9 +298,7 @@ impl<'a> CsrKey<'a> {
             PublicKeyKind::EcdsaP384 => &rcgen::PKCS_ECDSA_P384_SHA384,
             PublicKeyKind::Ed25519 => &rcgen::PKCS_ED25519,
             ref other => {
-                return Err(IssueError::UnsupportedKey {
-                    key: other.to_string(),
-                });
+                return Err(IssueError::UnsupportedKey { key: other.to_string() });
             }
         };
         Ok(Self {
@@ -363,9 +342,7 @@ fn copy_subject(csr: &ParsedCsr) -> Result<DistinguishedName, IssueError> {
     Ok(dn)
 }
 
-fn signing_algorithm(
-    algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>,
-) -> Option<&'static SignatureAlgorithm> {
+fn signing_algorithm(algorithm: &x509_parser::x509::AlgorithmIdentifier<'_>) -> Option<&'static SignatureAlgorithm> {
     use x509_parser::oid_registry::{
         OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
     };

@@ -86,9 +86,7 @@ impl PoolClaims {
             return Self::None;
         };
         match serde_json::from_str::<BTreeMap<String, KubeletClaim>>(raw) {
-            Ok(records) if records.iter().all(|(k, v)| *k == v.provider_id) => {
-                Self::Records(records)
-            }
+            Ok(records) if records.iter().all(|(k, v)| *k == v.provider_id) => Self::Records(records),
             Ok(_) => Self::Unreadable(format!(
                 "{ANNOTATION_POOL_CLAIMS}: a key differs from its record's providerID"
             )),
@@ -128,11 +126,7 @@ pub struct ClaimWrite {
 
 impl ClaimWrite {
     /// The write for a Machine.
-    pub fn machine(
-        target: TargetRef,
-        resource_version: Option<String>,
-        record: KubeletClaim,
-    ) -> Self {
+    pub fn machine(target: TargetRef, resource_version: Option<String>, record: KubeletClaim) -> Self {
         let value = serde_json::to_string(&record).unwrap_or_default();
         Self {
             target,
@@ -201,10 +195,7 @@ mod tests {
             ClaimState::of_machine(Some(r#"{"nodeName":"n"}"#), Some("p1")),
             ClaimState::Unreadable(_)
         ));
-        assert_eq!(
-            ClaimState::of_machine(None, Some("p1")),
-            ClaimState::Unclaimed
-        );
+        assert_eq!(ClaimState::of_machine(None, Some("p1")), ClaimState::Unclaimed);
     }
 
     #[test]
@@ -214,13 +205,7 @@ mod tests {
             ("p1".into(), record("p1")),
         ]));
         let target = TargetRef::pool("pool", "ns", "uid");
-        let write = ClaimWrite::pool(
-            target,
-            None,
-            &existing,
-            &["p1".into(), "p2".into()],
-            record("p2"),
-        );
+        let write = ClaimWrite::pool(target, None, &existing, &["p1".into(), "p2".into()], record("p2"));
         let PoolClaims::Records(written) = PoolClaims::parse(Some(&write.value)) else {
             panic!("{}", write.value)
         };

@@ -8,9 +8,9 @@ use x509_parser::cri_attributes::ParsedCriAttribute;
 use x509_parser::der_parser::asn1_rs::Tag;
 use x509_parser::extensions::{GeneralName, ParsedExtension};
 use x509_parser::oid_registry::{
-    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION,
-    OID_PKCS1_SHA1WITHRSA, OID_PKCS9_EXTENSION_REQUEST, OID_SHA1_WITH_RSA, OID_SIG_ED25519,
-    OID_X509_COMMON_NAME, OID_X509_EXT_SUBJECT_ALT_NAME, OID_X509_ORGANIZATION_NAME,
+    OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_PKCS1_RSAENCRYPTION, OID_PKCS1_SHA1WITHRSA,
+    OID_PKCS9_EXTENSION_REQUEST, OID_SHA1_WITH_RSA, OID_SIG_ED25519, OID_X509_COMMON_NAME,
+    OID_X509_EXT_SUBJECT_ALT_NAME, OID_X509_ORGANIZATION_NAME,
 };
 use x509_parser::prelude::FromDer;
 use x509_parser::public_key::PublicKey;
@@ -46,9 +46,7 @@ pub enum CsrError {
 #[non_exhaustive]
 pub enum SignatureError {
     /// A key type or size outside SPEC rule 2.
-    #[error(
-        "key {key} is not accepted: use ECDSA P-256/P-384, RSA 2048-4096 with e=65537, or Ed25519"
-    )]
+    #[error("key {key} is not accepted: use ECDSA P-256/P-384, RSA 2048-4096 with e=65537, or Ed25519")]
     KeyNotAllowed {
         /// The key's description.
         key: PublicKeyKind,
@@ -89,10 +87,7 @@ impl PublicKeyKind {
     /// Whether SPEC rule 2 accepts this key.
     pub fn is_allowed(&self) -> bool {
         match self {
-            Self::Rsa {
-                bits,
-                exponent_65537,
-            } => *exponent_65537 && (2048..=4096).contains(bits),
+            Self::Rsa { bits, exponent_65537 } => *exponent_65537 && (2048..=4096).contains(bits),
             Self::EcdsaP256 | Self::EcdsaP384 | Self::Ed25519 => true,
             Self::Other(_) => false,
         }
@@ -238,8 +233,8 @@ impl fmt::Debug for ParsedCsr {
 impl ParsedCsr {
     /// Decodes a DER PKCS#10 request; nothing may follow it.
     pub fn from_der(der: &[u8]) -> Result<Self, CsrError> {
-        let (rest, req) = X509CertificationRequest::from_der(der)
-            .map_err(|e| CsrError::Malformed { why: e.to_string() })?;
+        let (rest, req) =
+            X509CertificationRequest::from_der(der).map_err(|e| CsrError::Malformed { why: e.to_string() })?;
         if !rest.is_empty() {
             return Err(CsrError::TrailingBytes { count: rest.len() });
         }
@@ -317,8 +312,7 @@ impl ParsedCsr {
             });
         }
         // `from_der` succeeded on these bytes, so this parse cannot fail; map it anyway.
-        let (_, req) =
-            X509CertificationRequest::from_der(&self.der).map_err(|_| SignatureError::Mismatch)?;
+        let (_, req) = X509CertificationRequest::from_der(&self.der).map_err(|_| SignatureError::Mismatch)?;
         let algorithm = &req.signature_algorithm.algorithm;
         if *algorithm == OID_PKCS1_SHA1WITHRSA || *algorithm == OID_SHA1_WITH_RSA {
             return Err(SignatureError::AlgorithmNotAllowed {
@@ -326,11 +320,9 @@ impl ParsedCsr {
             });
         }
         req.verify_signature().map_err(|e| match e {
-            x509_parser::error::X509Error::SignatureUnsupportedAlgorithm => {
-                SignatureError::AlgorithmNotAllowed {
-                    oid: algorithm.to_id_string(),
-                }
-            }
+            x509_parser::error::X509Error::SignatureUnsupportedAlgorithm => SignatureError::AlgorithmNotAllowed {
+                oid: algorithm.to_id_string(),
+            },
             _ => SignatureError::Mismatch,
         })
     }
@@ -365,11 +357,7 @@ fn classify_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> PublicKey
         };
     }
     if *algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
-        let curve = spki
-            .algorithm
-            .parameters
-            .as_ref()
-            .and_then(|p| p.as_oid().ok());
+        let curve = spki.algorithm.parameters.as_ref().and_then(|p| p.as_oid().ok());
         return match curve {
             Some(c) if c == OID_EC_P256 => PublicKeyKind::EcdsaP256,
             Some(c) if c == OID_NIST_EC_P384 => PublicKeyKind::EcdsaP384,
@@ -391,9 +379,7 @@ fn bit_length(big_endian: &[u8]) -> usize {
     trimmed.len() * 8 - trimmed[0].leading_zeros() as usize
 }
 
-fn decode_san(
-    ext: &x509_parser::extensions::X509Extension<'_>,
-) -> Result<Vec<SubjectAltName>, CsrError> {
+fn decode_san(ext: &x509_parser::extensions::X509Extension<'_>) -> Result<Vec<SubjectAltName>, CsrError> {
     let malformed = |why: &str| CsrError::MalformedExtension {
         oid: ext.oid.to_id_string(),
         why: why.to_owned(),
@@ -409,12 +395,8 @@ fn decode_san(
                 GeneralName::RFC822Name(v) => SubjectAltName::Email((*v).to_owned()),
                 GeneralName::URI(v) => SubjectAltName::Uri((*v).to_owned()),
                 GeneralName::IPAddress(bytes) => SubjectAltName::Ip(match bytes.len() {
-                    4 => {
-                        IpAddr::from(<[u8; 4]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?)
-                    }
-                    16 => {
-                        IpAddr::from(<[u8; 16]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?)
-                    }
+                    4 => IpAddr::from(<[u8; 4]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?),
+                    16 => IpAddr::from(<[u8; 16]>::try_from(*bytes).map_err(|_| malformed("bad IP"))?),
                     n => return Err(malformed(&format!("IP address of {n} bytes"))),
                 }),
                 other => SubjectAltName::Other(format!("{other:?}").chars().take(64).collect()),
@@ -441,9 +423,6 @@ mod tests {
             ParsedCsr::from_der(b"\x30\x03\x02\x01\x01"),
             Err(CsrError::Malformed { .. })
         ));
-        assert!(matches!(
-            ParsedCsr::from_der(b""),
-            Err(CsrError::Malformed { .. })
-        ));
+        assert!(matches!(ParsedCsr::from_der(b""), Err(CsrError::Malformed { .. })));
     }
 }

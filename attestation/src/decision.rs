@@ -267,9 +267,6 @@ impl Decision {
 
     /// The verdict of one rule.
     pub fn verdict(&self, rule: Rule) -> Option<&Verdict> {
-        self.rules
-            .iter()
-            .find(|r| r.rule == rule)
-            .map(|r| &r.verdict)
+        self.rules.iter().find(|r| r.rule == rule).map(|r| &r.verdict)
     }
 }

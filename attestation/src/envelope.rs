@@ -133,10 +133,7 @@ impl fmt::Debug for RequestEnvelope {
         f.debug_struct("RequestEnvelope")
             .field("csr_der", &format_args!("{} bytes", self.csr_der.len()))
             .field("provider", &self.provider)
-            .field(
-                "data",
-                &self.data.as_ref().map(|d| format!("{} bytes", d.len())),
-            )
+            .field("data", &self.data.as_ref().map(|d| format!("{} bytes", d.len())))
             .finish()
     }
 }
@@ -166,10 +163,8 @@ impl RequestEnvelope {
             None => None,
             Some(block) => {
                 expect_label(&block, PEM_PROVIDER, 2, "the ATTESTATION PROVIDER block")?;
-                let value = std::str::from_utf8(block.contents()).map_err(|_| {
-                    EnvelopeError::BadProvider {
-                        value: "<not UTF-8>".into(),
-                    }
+                let value = std::str::from_utf8(block.contents()).map_err(|_| EnvelopeError::BadProvider {
+                    value: "<not UTF-8>".into(),
                 })?;
                 Some(ProviderVersion::parse(value)?)
             }
@@ -200,18 +195,12 @@ impl RequestEnvelope {
         let config = pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF);
         let mut blocks = vec![pem::Pem::new(PEM_CSR, self.csr_der.clone())];
         if let Some(provider) = &self.provider {
-            blocks.push(pem::Pem::new(
-                PEM_PROVIDER,
-                provider.to_string().into_bytes(),
-            ));
+            blocks.push(pem::Pem::new(PEM_PROVIDER, provider.to_string().into_bytes()));
             if let Some(data) = &self.data {
                 blocks.push(pem::Pem::new(PEM_DATA, data.clone()));
             }
         }
-        blocks
-            .iter()
-            .map(|block| pem::encode_config(block, config))
-            .collect()
+        blocks.iter().map(|block| pem::encode_config(block, config)).collect()
     }
 }
 
@@ -249,12 +238,7 @@ fn next_block(text: &str, start: usize) -> Result<(pem::Pem, usize), EnvelopeErr
     Ok((block, start + end))
 }
 
-fn expect_label(
-    block: &pem::Pem,
-    label: &str,
-    position: usize,
-    expected: &'static str,
-) -> Result<(), EnvelopeError> {
+fn expect_label(block: &pem::Pem, label: &str, position: usize, expected: &'static str) -> Result<(), EnvelopeError> {
     if block.tag() == label {
         Ok(())
     } else {
@@ -325,7 +309,8 @@ mod tests {
             Err(EnvelopeError::StrayBytes { offset: 0 })
         ));
         assert_eq!(RequestEnvelope::parse(b"  \n"), Err(EnvelopeError::Empty));
-        let with_headers = "-----BEGIN CERTIFICATE REQUEST-----\nProc-Type: 4,ENCRYPTED\n\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
+        let with_headers =
+            "-----BEGIN CERTIFICATE REQUEST-----\nProc-Type: 4,ENCRYPTED\n\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
         assert!(matches!(
             RequestEnvelope::parse(with_headers.as_bytes()),
             Err(EnvelopeError::Headers { .. })
@@ -342,9 +327,7 @@ mod tests {
             Err(EnvelopeError::MalformedBlock { .. })
         ));
         assert!(matches!(
-            RequestEnvelope::parse(
-                b"-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"
-            ),
+            RequestEnvelope::parse(b"-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"),
             Err(EnvelopeError::MalformedBlock { .. })
         ));
     }

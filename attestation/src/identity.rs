@@ -56,17 +56,13 @@ impl NodeName {
             if !first.is_ascii_lowercase() && !first.is_ascii_digit()
                 || !last.is_ascii_lowercase() && !last.is_ascii_digit()
             {
-                return Err(fail(
-                    "a label must start and end with a lowercase letter or digit",
-                ));
+                return Err(fail("a label must start and end with a lowercase letter or digit"));
             }
             if !bytes
                 .iter()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
             {
-                return Err(fail(
-                    "only lowercase letters, digits, '-' and '.' are allowed",
-                ));
+                return Err(fail("only lowercase letters, digits, '-' and '.' are allowed"));
             }
         }
         Ok(Self(value.to_owned()))

@@ -2,9 +2,7 @@
 //! with no secure mechanism. It sends no DATA block; every non-attestation rule still applies,
 //! the claim included, so the first CSR to claim an unregistered Machine wins.
 
-use crate::attestor::{
-    AttestError, AttestationRequest, Attestor, Evidence, Verification, Verifier,
-};
+use crate::attestor::{AttestError, AttestationRequest, Attestor, Evidence, Verification, Verifier};
 use crate::decision::DenyReason;
 use crate::envelope::ProviderVersion;
 use crate::names::SIGNER_INSECURE;
@@ -25,10 +23,7 @@ impl Attestor for InsecureAttestor {
         SIGNER_INSECURE
     }
 
-    fn attest(
-        &mut self,
-        _request: &AttestationRequest<'_>,
-    ) -> Result<Option<Vec<u8>>, AttestError> {
+    fn attest(&mut self, _request: &AttestationRequest<'_>) -> Result<Option<Vec<u8>>, AttestError> {
         Ok(None)
     }
 }
@@ -58,10 +53,7 @@ impl Verifier for InsecureVerifier {
             },
             Some(data) => Verification::Failed {
                 reason: DenyReason::AttestationInvalid,
-                message: format!(
-                    "insecure/v1 sends no ATTESTATION DATA block, got {} bytes",
-                    data.len()
-                ),
+                message: format!("insecure/v1 sends no ATTESTATION DATA block, got {} bytes", data.len()),
             },
         }
     }

@@ -10,8 +10,7 @@ use serde_json::Value;
 
 use crate::claim::{ClaimState, PoolClaims};
 use crate::names::{
-    ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN,
-    ANNOTATION_POOL_CLAIMS,
+    ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_POOL_CLAIMS,
 };
 
 /// Why an object cannot be read as the view asked for.
@@ -110,10 +109,7 @@ pub struct MachineAddress {
 impl MachineAddress {
     /// A DNS-kind address (`Hostname`, `InternalDNS`, `ExternalDNS`).
     pub fn is_dns(&self) -> bool {
-        matches!(
-            self.kind.as_str(),
-            "Hostname" | "InternalDNS" | "ExternalDNS"
-        )
+        matches!(self.kind.as_str(), "Hostname" | "InternalDNS" | "ExternalDNS")
     }
 
     /// An IP-kind address (`InternalIP`, `ExternalIP`).
@@ -343,25 +339,16 @@ impl MachineView {
             _ => Vec::new(),
         };
         Ok(Self {
-            cluster_name: meta.required_str(
-                object,
-                "Machine",
-                &["spec", "clusterName"],
-                "spec.clusterName",
-            )?,
+            cluster_name: meta.required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?,
             bootstrap_ready: bootstrap_ready(object, api_version),
             bootstrap_config: config_ref(object.pointer("/spec/bootstrap/configRef")),
-            infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"])
-                .map(str::to_owned),
+            infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"]).map(str::to_owned),
             node_ref: str_at(object, &["status", "nodeRef", "name"])
                 .filter(|s| !s.is_empty())
                 .map(str::to_owned),
             addresses,
             ek_pins: meta.ek_pins(),
-            claim: ClaimState::of_machine(
-                meta.annotation(ANNOTATION_CLAIM),
-                provider_id.as_deref(),
-            ),
+            claim: ClaimState::of_machine(meta.annotation(ANNOTATION_CLAIM), provider_id.as_deref()),
             provider_id,
             deleting: meta.deleting,
             api_version,
@@ -396,12 +383,7 @@ impl MachinePoolView {
             _ => Vec::new(),
         };
         Ok(Self {
-            cluster_name: meta.required_str(
-                object,
-                "MachinePool",
-                &["spec", "clusterName"],
-                "spec.clusterName",
-            )?,
+            cluster_name: meta.required_str(object, "MachinePool", &["spec", "clusterName"], "spec.clusterName")?,
             provider_ids: strings("/spec/providerIDList", ""),
             bootstrap_ready: bootstrap_ready(object, api_version),
             bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef")),
@@ -436,13 +418,7 @@ impl KubeadmConfigView {
         )?;
         let join_token_id = str_at(
             object,
-            &[
-                "spec",
-                "joinConfiguration",
-                "discovery",
-                "bootstrapToken",
-                "token",
-            ],
+            &["spec", "joinConfiguration", "discovery", "bootstrapToken", "token"],
         )
         .and_then(|token| token.split_once('.'))
         .map(|(id, _secret)| id.to_owned())
@@ -480,12 +456,7 @@ fn str_at<'a>(object: &'a Value, path: &[&str]) -> Option<&'a str> {
 
 fn bootstrap_ready(object: &Value, version: ApiVersion) -> bool {
     match version {
-        ApiVersion::V1beta1 => {
-            object
-                .pointer("/status/bootstrapReady")
-                .and_then(Value::as_bool)
-                == Some(true)
-        }
+        ApiVersion::V1beta1 => object.pointer("/status/bootstrapReady").and_then(Value::as_bool) == Some(true),
         ApiVersion::V1beta2 => {
             object
                 .pointer("/status/initialization/bootstrapDataSecretCreated")
@@ -505,12 +476,7 @@ fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
     let api_group = match value.get("apiGroup").and_then(Value::as_str) {
         Some(group) => group.to_owned(),
         // v1beta1 ObjectReference: apiVersion is group/version.
-        None => value
-            .get("apiVersion")?
-            .as_str()?
-            .split('/')
-            .next()?
-            .to_owned(),
+        None => value.get("apiVersion")?.as_str()?.split('/').next()?.to_owned(),
     };
     Some(ConfigRef {
         api_group,
@@ -531,14 +497,8 @@ struct Meta<'a> {
 
 impl<'a> Meta<'a> {
     fn read(object: &'a Value, kind: &'static str, versions: &[&str]) -> Result<Self, ObjectError> {
-        let api_version = object
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let object_kind = object
-            .get("kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        let object_kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
         if object_kind != kind || !versions.contains(&api_version) {
             return Err(ObjectError::WrongKind {
                 expected: kind,
@@ -559,9 +519,7 @@ impl<'a> Meta<'a> {
             namespace: str_at(object, &["metadata", "namespace"])
                 .unwrap_or("default")
                 .to_owned(),
-            uid: str_at(object, &["metadata", "uid"])
-                .unwrap_or_default()
-                .to_owned(),
+            uid: str_at(object, &["metadata", "uid"]).unwrap_or_default().to_owned(),
             resource_version: str_at(object, &["metadata", "resourceVersion"]).map(str::to_owned),
             deleting: object
                 .pointer("/metadata/deletionTimestamp")
@@ -578,10 +536,7 @@ impl<'a> Meta<'a> {
     }
 
     fn annotation(&self, key: &str) -> Option<&'a str> {
-        self.object
-            .pointer("/metadata/annotations")?
-            .get(key)?
-            .as_str()
+        self.object.pointer("/metadata/annotations")?.get(key)?.as_str()
     }
 
     fn ek_pins(&self) -> Vec<String> {
@@ -649,12 +604,7 @@ mod tests {
             },
             b
         );
-        assert!(
-            b.bootstrap_ready
-                && b.bootstrap_config
-                    .as_ref()
-                    .is_some_and(ConfigRef::is_kubeadm)
-        );
+        assert!(b.bootstrap_ready && b.bootstrap_config.as_ref().is_some_and(ConfigRef::is_kubeadm));
     }
 
     #[test]
@@ -666,11 +616,7 @@ mod tests {
         });
         assert!(MachineView::from_object(&m).unwrap().bootstrap_ready);
         let not_ready = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {"clusterName": "c"}});
-        assert!(
-            !MachineView::from_object(&not_ready)
-                .unwrap()
-                .bootstrap_ready
-        );
+        assert!(!MachineView::from_object(&not_ready).unwrap().bootstrap_ready);
     }
 
     #[test]
@@ -680,7 +626,8 @@ mod tests {
             MachineView::from_object(&node),
             Err(ObjectError::WrongKind { .. })
         ));
-        let no_cluster = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {}});
+        let no_cluster =
+            json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {}});
         assert!(matches!(
             MachineView::from_object(&no_cluster),
             Err(ObjectError::Field {
@@ -701,10 +648,7 @@ mod tests {
             "spec": {"joinConfiguration": {"discovery": {"bootstrapToken": {"token": "abcdef.0123456789abcdef"}}}}
         });
         let view = KubeadmConfigView::from_object(&kc).unwrap();
-        assert_eq!(
-            view.join_username().as_deref(),
-            Some("system:bootstrap:abcdef")
-        );
+        assert_eq!(view.join_username().as_deref(), Some("system:bootstrap:abcdef"));
         assert!(!format!("{view:?}").contains("0123456789abcdef"));
     }
 

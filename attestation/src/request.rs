@@ -51,13 +51,10 @@ impl NodeKey {
         let key = match algorithm {
             KeyAlgorithm::EcdsaP256 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256),
             KeyAlgorithm::EcdsaP384 => KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384),
-            KeyAlgorithm::Rsa2048 => {
-                KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
-            }
+            KeyAlgorithm::Rsa2048 => KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048),
             KeyAlgorithm::Ed25519 => KeyPair::generate_for(&rcgen::PKCS_ED25519),
         };
-        key.map(Self)
-            .map_err(|e| RequestError::Build(e.to_string()))
+        key.map(Self).map_err(|e| RequestError::Build(e.to_string()))
     }
 
     /// The private key as PKCS#8 PEM (zeroized when dropped).

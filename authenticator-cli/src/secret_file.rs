@@ -13,13 +13,12 @@ pub fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
         _ => Path::new("."),
     };
     // tempfile creates files 0600 on Unix; set it explicitly so a umask cannot widen it.
-    let mut file = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot create a file in {}", dir.display()))?;
+    let mut file =
+        tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot create a file in {}", dir.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        file.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.as_file().set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
     file.write_all(contents)?;
     file.as_file().sync_all()?;
@@ -42,10 +41,7 @@ mod tests {
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            assert_eq!(
-                std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-                0o600
-            );
+            assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         }
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),

@@ -100,9 +100,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let mut inventory = Inventory::default();
     for path in &args.machines {
         for object in read_objects(path)? {
-            match CapiObject::from_object(&object)
-                .with_context(|| format!("in {}", path.display()))?
-            {
+            match CapiObject::from_object(&object).with_context(|| format!("in {}", path.display()))? {
                 CapiObject::Machine(m) => inventory.machines.push(m),
                 CapiObject::MachinePool(p) => inventory.pools.push(p),
             }
@@ -110,24 +108,21 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     }
     for path in &args.bootstrap_configs {
         for object in read_objects(path)? {
-            inventory.kubeadm_configs.push(
-                KubeadmConfigView::from_object(&object)
-                    .with_context(|| format!("in {}", path.display()))?,
-            );
+            inventory
+                .kubeadm_configs
+                .push(KubeadmConfigView::from_object(&object).with_context(|| format!("in {}", path.display()))?);
         }
     }
     let mut nodes = Vec::new();
     for path in &args.nodes {
         for object in read_objects(path)? {
-            nodes.push(
-                NodeView::from_object(&object).with_context(|| format!("in {}", path.display()))?,
-            );
+            nodes.push(NodeView::from_object(&object).with_context(|| format!("in {}", path.display()))?);
         }
     }
     let cluster = match &args.cluster {
         Some(path) => {
-            let cluster = ClusterView::from_object(&read_one(path)?)
-                .with_context(|| format!("in {}", path.display()))?;
+            let cluster =
+                ClusterView::from_object(&read_one(path)?).with_context(|| format!("in {}", path.display()))?;
             if !cluster.opted_in {
                 bail!(
                     "Cluster {} is not opted in ({}: \"true\" is missing): the signer ignores its CSRs",
@@ -149,22 +144,29 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
                         .map(|p| (p.cluster_name.clone(), p.namespace.clone()))
                 })
                 .unwrap_or_default();
-            assumptions.push(format!("no --cluster: Cluster {name} taken as opted in, allowing the default attestors [tpm]"));
+            assumptions.push(format!(
+                "no --cluster: Cluster {name} taken as opted in, allowing the default attestors [tpm]"
+            ));
             ClusterView::named(&name, &namespace, &["tpm"])
         }
     };
 
+    // A broken CA is unusable input whatever the decision: load it first.
+    let ca = match (&args.ca_cert, &args.ca_key) {
+        (Some(cert), Some(key)) => Some(load_ca(cert, key)?),
+        _ => None,
+    };
     let csr = load_csr(args, &inventory, &mut assumptions)?;
     let now = match &args.now {
-        Some(text) => OffsetDateTime::parse(text, &Rfc3339)
-            .with_context(|| format!("--now {text:?} is not RFC 3339"))?,
+        Some(text) => {
+            OffsetDateTime::parse(text, &Rfc3339).with_context(|| format!("--now {text:?} is not RFC 3339"))?
+        }
         None => OffsetDateTime::now_utc(),
     };
     let clock = Clock {
         now,
         first_seen: csr.created.unwrap_or(now),
-        max_age: time::Duration::try_from(args.csr_max_age)
-            .context("--csr-max-age is too large")?,
+        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
     };
     let verifiers = Verifiers::new().with(attestation::insecure::InsecureVerifier);
     let inputs = Inputs {
@@ -177,19 +179,8 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     };
     let decision = attestation::decide(&inputs)?;
 
-    let certificate = match (
-        &decision.outcome,
-        &args.ca_cert,
-        &args.ca_key,
-        decision.kind,
-    ) {
-        (
-            Outcome::Approved { .. },
-            Some(cert),
-            Some(key),
-            attestation::decision::CsrKind::KubeletClient,
-        ) => {
-            let ca = load_ca(cert, key)?;
+    let certificate = match (&decision.outcome, &ca, decision.kind) {
+        (Outcome::Approved { .. }, Some(ca), attestation::decision::CsrKind::KubeletClient) => {
             let validity = Validity {
                 now,
                 requested_seconds: csr.expiration_seconds,
@@ -212,13 +203,8 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     Ok(matches!(decision.outcome, Outcome::Approved { .. }))
 }
 
-fn load_csr(
-    args: &CheckArgs,
-    inventory: &Inventory,
-    assumptions: &mut Vec<String>,
-) -> Result<CsrObject> {
-    let text = std::fs::read_to_string(&args.csr)
-        .with_context(|| format!("cannot read {}", args.csr.display()))?;
+fn load_csr(args: &CheckArgs, inventory: &Inventory, assumptions: &mut Vec<String>) -> Result<CsrObject> {
+    let text = std::fs::read_to_string(&args.csr).with_context(|| format!("cannot read {}", args.csr.display()))?;
     if !text.trim_start().starts_with("-----BEGIN") {
         let object = read_one(&args.csr)?;
         let kind = object
@@ -232,18 +218,12 @@ fn load_csr(
                 args.csr.display()
             );
         }
-        let csr: CertificateSigningRequest = serde_json::from_value(object).with_context(|| {
-            format!(
-                "{} is not a valid certificates.k8s.io/v1 CSR",
-                args.csr.display()
-            )
-        })?;
+        let csr: CertificateSigningRequest = serde_json::from_value(object)
+            .with_context(|| format!("{} is not a valid certificates.k8s.io/v1 CSR", args.csr.display()))?;
         return Ok(csr_object(&csr));
     }
     // A bare spec.request: fill in what a CSR object would carry.
-    let provider = RequestEnvelope::parse(text.as_bytes())
-        .ok()
-        .and_then(|e| e.provider);
+    let provider = RequestEnvelope::parse(text.as_bytes()).ok().and_then(|e| e.provider);
     let signer_name = match (&args.signer_name, provider.as_ref().map(|p| p.provider())) {
         (Some(name), _) => name.clone(),
         (None, Some("tpm")) => attestation::names::SIGNER_TPM.to_owned(),
@@ -262,10 +242,7 @@ fn load_csr(
         args.groups.clone()
     };
     let usages = if args.usages.is_empty() {
-        vec![
-            usage::DIGITAL_SIGNATURE.to_owned(),
-            usage::CLIENT_AUTH.to_owned(),
-        ]
+        vec![usage::DIGITAL_SIGNATURE.to_owned(), usage::CLIENT_AUTH.to_owned()]
     } else {
         args.usages.clone()
     };
@@ -290,13 +267,9 @@ fn load_csr(
 }
 
 fn load_ca(cert: &Path, key: &Path) -> Result<ClusterCa> {
-    let cert_pem =
-        std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
-    let key_pem = Zeroizing::new(
-        std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?,
-    );
-    ClusterCa::from_pem(&cert_pem, &key_pem)
-        .with_context(|| format!("CA {} / {}", cert.display(), key.display()))
+    let cert_pem = std::fs::read(cert).with_context(|| format!("cannot read {}", cert.display()))?;
+    let key_pem = Zeroizing::new(std::fs::read(key).with_context(|| format!("cannot read {}", key.display()))?);
+    ClusterCa::from_pem(&cert_pem, &key_pem).with_context(|| format!("CA {} / {}", cert.display(), key.display()))
 }
 
 fn render_text(report: &Report<'_>) -> String {

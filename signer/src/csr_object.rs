@@ -40,13 +40,7 @@ mod tests {
         let object = csr_object(&csr);
         assert_eq!(object.request, b"hello");
         assert_eq!(object.expiration_seconds, Some(3600));
-        assert_eq!(
-            object.created.map(|t| t.unix_timestamp()),
-            Some(1_767_323_045)
-        );
-        assert_eq!(
-            (object.name.as_str(), object.uid.as_str()),
-            ("csr-1", "u-1")
-        );
+        assert_eq!(object.created.map(|t| t.unix_timestamp()), Some(1_767_323_045));
+        assert_eq!((object.name.as_str(), object.uid.as_str()), ("csr-1", "u-1"));
     }
 }

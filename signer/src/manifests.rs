@@ -8,10 +8,8 @@ use serde_json::Value;
 
 /// Every object in a file.
 pub fn read_objects(path: &Path) -> Result<Vec<Value>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    parse_objects(&text)
-        .with_context(|| format!("{} holds no readable Kubernetes object", path.display()))
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    parse_objects(&text).with_context(|| format!("{} holds no readable Kubernetes object", path.display()))
 }
 
 /// Exactly one object from a file.

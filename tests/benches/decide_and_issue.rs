@@ -1,1 +1,68 @@
-fn main() {}
+//! Signer cost per kubelet client CSR: parse, verify the self-signature, decide (every rule)
+//! and issue, for a P-256 CSR, with an RSA-2048 cluster CA and with a P-256 one.
+//!
+//! `cargo bench -p tests --bench decide_and_issue`; criterion runs on one thread.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use attestation::attestor::Verifiers;
+use attestation::ca::{ClusterCa, Validity};
+use attestation::insecure::InsecureVerifier;
+use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView, NodeView};
+use attestation::{Clock, Inputs, Outcome};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use tests::capi;
+use tests::csr::{RequestSpec, client_csr_object};
+use time::{Duration, OffsetDateTime};
+
+const PID: &str = "aws:///us-east-1a/i-0abc";
+
+fn bench(c: &mut Criterion) {
+    let mut csr = client_csr_object(RequestSpec::kubelet("worker-0", PID).build(), "abcdef");
+    csr.created = Some(OffsetDateTime::now_utc());
+    let cluster = ClusterView::from_object(&capi::cluster("tpm,insecure")).unwrap();
+    let mut inventory = Inventory::default();
+    // A cluster of 100 Machines: the lookup is part of the cost.
+    for i in 0..100 {
+        let pid = if i == 42 { PID.to_owned() } else { format!("aws:///us-east-1a/i-{i:04}") };
+        let name = if i == 42 { "worker-0".to_owned() } else { format!("worker-{i}x") };
+        inventory.machines.push(MachineView::from_object(&capi::machine(&name, Some(&pid))).unwrap());
+        inventory.kubeadm_configs.push(KubeadmConfigView::from_object(&capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")).unwrap());
+    }
+    let nodes: Vec<NodeView> = Vec::new();
+    let verifiers = Verifiers::new().with(InsecureVerifier);
+
+    let mut group = c.benchmark_group("parse+verify+decide+issue P-256 CSR");
+    group.throughput(Throughput::Elements(1));
+    for (name, algorithm) in [("RSA-2048 CA", &rcgen::PKCS_RSA_SHA256), ("P-256 CA", &rcgen::PKCS_ECDSA_P256_SHA256)] {
+        let (cert_pem, key_pem) = tests::ca::rcgen_ca(algorithm);
+        let ca = ClusterCa::from_pem(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let now = OffsetDateTime::now_utc();
+                let clock = Clock { now, first_seen: now, max_age: Duration::minutes(15) };
+                let inputs = Inputs { csr: &csr, cluster: &cluster, inventory: &inventory, nodes: &nodes, verifiers: &verifiers, clock };
+                let decision = attestation::decide(&inputs).unwrap();
+                assert!(matches!(decision.outcome, Outcome::Approved { .. }));
+                let validity = Validity { now, requested_seconds: None, max: Duration::hours(168) };
+                ca.issue_for_request(&csr.request, validity).unwrap()
+            })
+        });
+    }
+    group.finish();
+
+    let mut decide_only = c.benchmark_group("decide only (no issuance)");
+    decide_only.throughput(Throughput::Elements(1));
+    decide_only.bench_function("P-256 CSR", |b| {
+        b.iter(|| {
+            let now = OffsetDateTime::now_utc();
+            let clock = Clock { now, first_seen: now, max_age: Duration::minutes(15) };
+            let inputs = Inputs { csr: &csr, cluster: &cluster, inventory: &inventory, nodes: &nodes, verifiers: &verifiers, clock };
+            attestation::decide(&inputs).unwrap()
+        })
+    });
+    decide_only.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -85,33 +85,20 @@ pub fn openssl_ca(format: CaKeyFormat, days: u32) -> TestCa {
             d,
         ),
         CaKeyFormat::EcP384Sec1 => openssl(
-            &[
-                "ecparam",
-                "-name",
-                "secp384r1",
-                "-genkey",
-                "-noout",
-                "-out",
-                "sec1.key",
-            ],
+            &["ecparam", "-name", "secp384r1", "-genkey", "-noout", "-out", "sec1.key"],
             d,
         ),
     }
     let key_file = match format {
         CaKeyFormat::RsaPkcs1 => {
-            openssl(
-                &["rsa", "-in", "pkcs8.key", "-traditional", "-out", "tls.key"],
-                d,
-            );
+            openssl(&["rsa", "-in", "pkcs8.key", "-traditional", "-out", "tls.key"], d);
             "tls.key"
         }
         CaKeyFormat::RsaPkcs8 => "pkcs8.key",
         CaKeyFormat::EcP256Sec1 | CaKeyFormat::EcP384Sec1 => "sec1.key",
         CaKeyFormat::EcP256Pkcs8 => {
             openssl(
-                &[
-                    "pkcs8", "-topk8", "-nocrypt", "-in", "sec1.key", "-out", "tls.key",
-                ],
+                &["pkcs8", "-topk8", "-nocrypt", "-in", "sec1.key", "-out", "tls.key"],
                 d,
             );
             "tls.key"
@@ -182,14 +169,9 @@ pub fn rcgen_ca(algorithm: &'static rcgen::SignatureAlgorithm) -> (String, Strin
     }
     .expect("CA key");
     let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kubernetes");
+    params.distinguished_name.push(rcgen::DnType::CommonName, "kubernetes");
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
+    params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
     params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(3650);
     let cert = params.self_signed(&key).expect("self-signed CA");
     (cert.pem(), key.serialize_pem())

@@ -98,8 +98,7 @@ pub fn annotate(object: &mut Value, key: &str, value: &str) {
 
 /// A workload-cluster Node.
 pub fn node(name: &str, provider_id: Option<&str>) -> Value {
-    let mut node =
-        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}});
+    let mut node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}});
     if let Some(pid) = provider_id {
         node["spec"]["providerID"] = json!(pid);
     }

@@ -5,9 +5,7 @@ use std::sync::OnceLock;
 use attestation::CsrObject;
 use attestation::envelope::{ProviderVersion, RequestEnvelope};
 use attestation::identity::{NodeName, ProviderId};
-use attestation::names::{
-    GROUP_BOOTSTRAPPERS, GROUP_NODES, PROVIDER_ID_OID, SIGNER_INSECURE, usage,
-};
+use attestation::names::{GROUP_BOOTSTRAPPERS, GROUP_NODES, PROVIDER_ID_OID, SIGNER_INSECURE, usage};
 use attestation::request::{KeyAlgorithm, NodeKey};
 use rcgen::{CertificateParams, CustomExtension, DistinguishedName, DnType, SanType};
 
@@ -59,11 +57,7 @@ impl RequestSpec {
                 (DnType::OrganizationName, GROUP_NODES),
                 (DnType::CommonName, &format!("system:node:{node}")),
             ]),
-            provider_id_extension: Some(
-                ProviderId::new(provider_id)
-                    .expect("provider ID")
-                    .to_extension_value(),
-            ),
+            provider_id_extension: Some(ProviderId::new(provider_id).expect("provider ID").to_extension_value()),
             provider_id_critical: false,
             sans: Vec::new(),
             extra_extensions: Vec::new(),
@@ -95,9 +89,7 @@ impl RequestSpec {
             ext.set_criticality(self.provider_id_critical);
             params.custom_extensions.push(ext);
         }
-        params
-            .custom_extensions
-            .extend(self.extra_extensions.iter().cloned());
+        params.custom_extensions.extend(self.extra_extensions.iter().cloned());
         let owned;
         let key_pair: &rcgen::KeyPair = match self.unusual_key {
             Some(algorithm) => {
@@ -106,11 +98,7 @@ impl RequestSpec {
             }
             None => key(self.key).key_pair(),
         };
-        let mut der = params
-            .serialize_request(key_pair)
-            .expect("CSR")
-            .der()
-            .to_vec();
+        let mut der = params.serialize_request(key_pair).expect("CSR").der().to_vec();
         if self.corrupt_signature {
             let last = der.len() - 1;
             der[last] ^= 0x01;

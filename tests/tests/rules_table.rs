@@ -2,15 +2,15 @@
 //! approvals, with CSRs generated here (several key types, RSA with and without key
 //! encipherment). Each case starts from a CSR that is approved and bends one thing.
 
+#![allow(clippy::unwrap_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use attestation::attestor::{Evidence, Verification, Verifier, Verifiers};
 use attestation::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, Verdict};
 use attestation::insecure::InsecureVerifier;
-use attestation::machine::{
-    ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, NodeView,
-};
+use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, NodeView};
 use attestation::names::{SIGNER_TPM, usage};
 use attestation::request::KeyAlgorithm;
 use attestation::rules::{NodeDirectory, NodeLookup};
@@ -137,7 +137,8 @@ impl Scenario {
     }
 
     fn claim(&mut self, node: &str, csr_uid: &str, ek: Option<&str>) {
-        let mut record = json!({"nodeName": node, "providerID": PID, "csrUID": csr_uid, "claimedAt": "2026-11-01T00:00:00Z"});
+        let mut record =
+            json!({"nodeName": node, "providerID": PID, "csrUID": csr_uid, "claimedAt": "2026-11-01T00:00:00Z"});
         if let Some(ek) = ek {
             record["ekSHA256"] = json!(ek);
         }
@@ -166,12 +167,8 @@ impl Scenario {
         let mut inventory = Inventory::default();
         for m in &self.machines {
             match m["kind"].as_str() {
-                Some("MachinePool") => inventory
-                    .pools
-                    .push(MachinePoolView::from_object(m).unwrap()),
-                _ => inventory
-                    .machines
-                    .push(MachineView::from_object(m).unwrap()),
+                Some("MachinePool") => inventory.pools.push(MachinePoolView::from_object(m).unwrap()),
+                _ => inventory.machines.push(MachineView::from_object(m).unwrap()),
             }
         }
         inventory.kubeadm_configs = self
@@ -179,11 +176,7 @@ impl Scenario {
             .iter()
             .map(|c| KubeadmConfigView::from_object(c).unwrap())
             .collect();
-        let nodes: Vec<NodeView> = self
-            .nodes
-            .iter()
-            .map(|n| NodeView::from_object(n).unwrap())
-            .collect();
+        let nodes: Vec<NodeView> = self.nodes.iter().map(|n| NodeView::from_object(n).unwrap()).collect();
         let calls = Arc::new(AtomicUsize::new(0));
         let mut verifiers = Verifiers::new().with(InsecureVerifier);
         if let Some(outcome) = &self.tpm {
@@ -192,11 +185,7 @@ impl Scenario {
                 calls: calls.clone(),
             });
         }
-        let directory: &dyn NodeDirectory = if self.nodes_unreachable {
-            &Unreachable
-        } else {
-            &nodes
-        };
+        let directory: &dyn NodeDirectory = if self.nodes_unreachable { &Unreachable } else { &nodes };
         let inputs = Inputs {
             csr: &csr,
             cluster: &cluster,
@@ -240,11 +229,7 @@ fn check(cases: &[Case]) {
         // Every rule gets a verdict, and a denial names a failing rule's reason.
         assert_eq!(
             decision.rules.len(),
-            if decision.kind == CsrKind::KubeletClient {
-                12
-            } else {
-                8
-            },
+            if decision.kind == CsrKind::KubeletClient { 12 } else { 8 },
             "{name}"
         );
         if got != *expect {
@@ -347,8 +332,7 @@ fn client_csr_table() {
                     "pool-a",
                     &["aws:///us-east-1a/i-pool1", "aws:///us-east-1a/i-pool2"],
                 ));
-                s.configs
-                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+                s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
                 s
             },
             Approved,
@@ -358,12 +342,9 @@ fn client_csr_table() {
             || {
                 let mut s = Scenario::client();
                 s.request = RequestSpec::kubelet("pool-node-x1", "aws:///us-east-1a/i-pool1");
-                s.machines.push(capi::machine_pool_v1beta1(
-                    "pool-a",
-                    &["aws:///us-east-1a/i-pool1"],
-                ));
-                s.configs
-                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta1"));
+                s.machines
+                    .push(capi::machine_pool_v1beta1("pool-a", &["aws:///us-east-1a/i-pool1"]));
+                s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta1"));
                 s
             },
             Approved,
@@ -414,7 +395,8 @@ fn client_csr_table() {
             "approves when the bootstrap config is not kubeadm's",
             || {
                 let mut s = Scenario::client();
-                s.machines[0]["spec"]["bootstrap"]["configRef"] = json!({"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "TalosConfig", "name": "t"});
+                s.machines[0]["spec"]["bootstrap"]["configRef"] =
+                    json!({"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "TalosConfig", "name": "t"});
                 s.csr.username = "system:bootstrap:zzzzzz".into();
                 s
             },
@@ -424,7 +406,7 @@ fn client_csr_table() {
             "approves the v1beta2 BootstrapConfigReady condition",
             || {
                 let mut s = Scenario::client();
-                s.machines[0]["status"] = json!({"conditions": [{"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-22T07:00:00Z"}]});
+                s.machines[0]["status"] = json!({"conditions": [{"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-22T07:00:00Z"}]});
                 s
             },
             Approved,
@@ -444,9 +426,7 @@ fn client_csr_table() {
             || {
                 let mut s = Scenario::client();
                 s.tamper = Some(|mut r| {
-                    r.extend_from_slice(
-                        b"-----BEGIN PRIVATE KEY-----\nAQID\n-----END PRIVATE KEY-----\n",
-                    );
+                    r.extend_from_slice(b"-----BEGIN PRIVATE KEY-----\nAQID\n-----END PRIVATE KEY-----\n");
                     r
                 });
                 s
@@ -603,10 +583,7 @@ fn client_csr_table() {
             "denies an unknown extension",
             || {
                 let mut s = Scenario::client();
-                s.request.extra_extensions = vec![CustomExtension::from_oid_content(
-                    &[1, 2, 3, 4],
-                    vec![0x05, 0x00],
-                )];
+                s.request.extra_extensions = vec![CustomExtension::from_oid_content(&[1, 2, 3, 4], vec![0x05, 0x00])];
                 s
             },
             Denied(ForbiddenExtension),
@@ -838,8 +815,7 @@ fn client_csr_table() {
             "denies a name whose Node carries another provider ID",
             || {
                 let mut s = Scenario::client();
-                s.nodes
-                    .push(capi::node("worker-0", Some("aws:///us-east-1a/i-0def")));
+                s.nodes.push(capi::node("worker-0", Some("aws:///us-east-1a/i-0def")));
                 s
             },
             Denied(NodeNameMismatch),
@@ -906,11 +882,7 @@ fn client_csr_table() {
             "denies when the claim annotation does not decode",
             || {
                 let mut s = Scenario::client();
-                annotate(
-                    &mut s.machines[0],
-                    "cluster.x-k8s.io/kubelet-claim",
-                    "{not json",
-                );
+                annotate(&mut s.machines[0], "cluster.x-k8s.io/kubelet-claim", "{not json");
                 s
             },
             Denied(MachineAlreadyClaimed),
@@ -927,8 +899,7 @@ fn client_csr_table() {
                     r#"{"aws:///us-east-1a/i-pool1":{"nodeName":"pool-node-x1","providerID":"aws:///us-east-1a/i-pool1","csrUID":"first","claimedAt":"2026-11-01T00:00:00Z"}}"#,
                 );
                 s.machines.push(pool);
-                s.configs
-                    .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+                s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
                 s
             },
             Denied(MachineAlreadyClaimed),
@@ -1081,9 +1052,7 @@ fn serving_csr_table() {
             "approves a DNS SAN differing only in case",
             || {
                 let mut s = Scenario::serving();
-                s.request.sans = vec![SanType::DnsName(
-                    "worker-0.ec2.INTERNAL".try_into().unwrap(),
-                )];
+                s.request.sans = vec![SanType::DnsName("worker-0.ec2.INTERNAL".try_into().unwrap())];
                 s
             },
             Approved,
@@ -1110,10 +1079,7 @@ fn serving_csr_table() {
             "approves a node found through the signer's claim",
             || {
                 let mut s = Scenario::serving();
-                s.machines[0]["status"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("nodeRef");
+                s.machines[0]["status"].as_object_mut().unwrap().remove("nodeRef");
                 s.claim("worker-0", "c", None);
                 s
             },
@@ -1123,9 +1089,7 @@ fn serving_csr_table() {
             "waits for a SAN not yet among the addresses",
             || {
                 let mut s = Scenario::serving();
-                s.request
-                    .sans
-                    .push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
+                s.request.sans.push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
                 s
             },
             Retry,
@@ -1134,9 +1098,7 @@ fn serving_csr_table() {
             "denies a SAN still not among the addresses past --csr-max-age",
             || {
                 let mut s = Scenario::serving();
-                s.request
-                    .sans
-                    .push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
+                s.request.sans.push(SanType::IpAddress("192.168.1.9".parse().unwrap()));
                 s.first_seen = NOW - Duration::minutes(20);
                 s
             },
@@ -1223,10 +1185,7 @@ fn serving_csr_table() {
             "waits while no Machine has the node",
             || {
                 let mut s = Scenario::serving();
-                s.machines[0]["status"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("nodeRef");
+                s.machines[0]["status"].as_object_mut().unwrap().remove("nodeRef");
                 s
             },
             Retry,
@@ -1235,10 +1194,7 @@ fn serving_csr_table() {
             "never finds the Machine through the Node's own providerID",
             || {
                 let mut s = Scenario::serving();
-                s.machines[0]["status"]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("nodeRef");
+                s.machines[0]["status"].as_object_mut().unwrap().remove("nodeRef");
                 s.nodes.push(capi::node("worker-0", Some(PID)));
                 s
             },
@@ -1289,9 +1245,7 @@ fn an_approved_initial_request_writes_the_claim_with_a_precondition() {
     assert_eq!(claim.record.csr_uid, Scenario::client().csr.uid);
     assert_eq!(claim.record.claimed_at, "2026-11-22T08:00:00Z");
     assert_eq!(decision.target.map(|t| t.name), Some("worker-0".into()));
-    assert!(
-        matches!(decision.outcome, Outcome::Approved { ref reason, .. } if reason == "AttestedInsecureV1")
-    );
+    assert!(matches!(decision.outcome, Outcome::Approved { ref reason, .. } if reason == "AttestedInsecureV1"));
 }
 
 #[test]
@@ -1317,26 +1271,19 @@ fn renewals_and_resumed_claims_write_no_claim() {
 fn a_pool_claim_keeps_the_other_instances_records() {
     let mut s = Scenario::client();
     s.request = RequestSpec::kubelet("pool-node-x2", "aws:///us-east-1a/i-pool2");
-    let mut pool = capi::machine_pool(
-        "pool-a",
-        &["aws:///us-east-1a/i-pool1", "aws:///us-east-1a/i-pool2"],
-    );
+    let mut pool = capi::machine_pool("pool-a", &["aws:///us-east-1a/i-pool1", "aws:///us-east-1a/i-pool2"]);
     annotate(
         &mut pool,
         "cluster.x-k8s.io/kubelet-claims",
         r#"{"aws:///us-east-1a/i-pool1":{"nodeName":"pool-node-x1","providerID":"aws:///us-east-1a/i-pool1","csrUID":"first","claimedAt":"2026-11-01T00:00:00Z"}}"#,
     );
     s.machines.push(pool);
-    s.configs
-        .push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+    s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
     let claim = s.decide().claim.expect("claim");
     assert_eq!(claim.annotation, "cluster.x-k8s.io/kubelet-claims");
     let records: Value = serde_json::from_str(&claim.value).unwrap();
     assert_eq!(records.as_object().unwrap().len(), 2);
-    assert_eq!(
-        records["aws:///us-east-1a/i-pool2"]["nodeName"],
-        "pool-node-x2"
-    );
+    assert_eq!(records["aws:///us-east-1a/i-pool2"]["nodeName"], "pool-node-x2");
 }
 
 #[test]

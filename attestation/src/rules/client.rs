@@ -11,8 +11,8 @@ use crate::envelope::{ProviderVersion, RequestEnvelope};
 use crate::identity::{NodeName, ProviderId};
 use crate::machine::{ConfigRef, MachinePoolView, MachineView, TargetRef};
 use crate::names::{
-    ANNOTATION_SUPPORTED_VERSIONS, BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES,
-    PROVIDER_ID_OID_DOTTED, usage,
+    ANNOTATION_SUPPORTED_VERSIONS, BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES, PROVIDER_ID_OID_DOTTED,
+    usage,
 };
 
 const ORDER: &[Rule] = &[
@@ -90,10 +90,7 @@ impl<'a> Target<'a> {
 
     fn node_registered(&self, name: &NodeName) -> Option<String> {
         match self {
-            Self::Machine(m) => m
-                .node_ref
-                .as_ref()
-                .map(|n| format!("status.nodeRef is {}", shown(n))),
+            Self::Machine(m) => m.node_ref.as_ref().map(|n| format!("status.nodeRef is {}", shown(n))),
             Self::Pool(p) => p
                 .node_refs
                 .iter()
@@ -145,10 +142,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     // Rules 3 to 8: cheap, independent of each other.
     let node_name = match check_subject(&parsed) {
         Ok(name) => {
-            book.pass(
-                Rule::Subject,
-                format!("CN=system:node:{name}, O=system:nodes"),
-            );
+            book.pass(Rule::Subject, format!("CN=system:node:{name}, O=system:nodes"));
             Some(name)
         }
         Err(message) => {
@@ -163,36 +157,20 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     } else {
         &[]
     };
-    match check_usages(
-        &csr.usages,
-        &[usage::DIGITAL_SIGNATURE, usage::CLIENT_AUTH],
-        optional,
-    ) {
-        Ok(()) => book.pass(
-            Rule::Usages,
-            format!("{:?} for a {} key", csr.usages, parsed.key_kind),
-        ),
+    match check_usages(&csr.usages, &[usage::DIGITAL_SIGNATURE, usage::CLIENT_AUTH], optional) {
+        Ok(()) => book.pass(Rule::Usages, format!("{:?} for a {} key", csr.usages, parsed.key_kind)),
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
     let requester = classify_requester(&mut book, inputs, node_name.as_ref());
     let provider_id = read_provider_id(&mut book, &parsed);
 
     // Rule 9, then what needs the Machine: 7 (binding), 10, 11.
-    let target = provider_id
-        .as_ref()
-        .and_then(|pid| find_target(&mut book, inputs, pid));
+    let target = provider_id.as_ref().and_then(|pid| find_target(&mut book, inputs, pid));
     let mut one_identity = OneIdentity::Settled;
     if let (Some(target), Some(pid)) = (target, provider_id.as_ref()) {
         let claim = target.claim(pid);
         if let Some(requester) = &requester {
-            bind_requester(
-                &mut book,
-                inputs,
-                target,
-                &claim,
-                requester,
-                node_name.as_ref(),
-            );
+            bind_requester(&mut book, inputs, target, &claim, requester, node_name.as_ref());
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());
@@ -265,9 +243,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                 }
                 verified_ek = ek_sha256;
             }
-            Verification::Failed { reason, message } => {
-                book.fail(Rule::Attestation, reason, message)
-            }
+            Verification::Failed { reason, message } => book.fail(Rule::Attestation, reason, message),
         }
     } else if verifier.is_some() {
         let why = if book.any_failed() {
@@ -293,22 +269,11 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         }
     }
 
-    let approved_reason = envelope
-        .provider
-        .as_ref()
-        .map(approval_reason)
-        .unwrap_or_default();
+    let approved_reason = envelope.provider.as_ref().map(approval_reason).unwrap_or_default();
     let approved_message = format!(
         "{} attested by {} for {}",
-        node_name
-            .as_ref()
-            .map(NodeName::username)
-            .unwrap_or_default(),
-        envelope
-            .provider
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_default(),
+        node_name.as_ref().map(NodeName::username).unwrap_or_default(),
+        envelope.provider.as_ref().map(ToString::to_string).unwrap_or_default(),
         target.map(|t| t.describe()).unwrap_or_default(),
     );
     let unsupported = matches!(
@@ -326,13 +291,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         );
     }
     decision.target = target.map(|t| t.reference());
-    if let (
-        Outcome::Approved { .. },
-        Some(target),
-        Some(pid),
-        Some(name),
-        Some(Requester::Bootstrap { .. }),
-    ) = (
+    if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name), Some(Requester::Bootstrap { .. })) = (
         &decision.outcome,
         target,
         provider_id.as_ref(),
@@ -358,10 +317,7 @@ fn check_no_san(book: &mut Book, parsed: &ParsedCsr) {
         book.fail(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,
-            format!(
-                "client certificates carry no SAN, got {}",
-                shown(&names.join(", "))
-            ),
+            format!("client certificates carry no SAN, got {}", shown(&names.join(", "))),
         );
     }
 }
@@ -429,28 +385,17 @@ fn read_provider_id(book: &mut Book, parsed: &ParsedCsr) -> Option<ProviderId> {
     };
     match ProviderId::from_extension_value(&ext.value) {
         Ok(pid) => {
-            book.pass(
-                Rule::ProviderId,
-                format!("provider ID {}", shown(pid.as_str())),
-            );
+            book.pass(Rule::ProviderId, format!("provider ID {}", shown(pid.as_str())));
             Some(pid)
         }
         Err(e) => {
-            book.fail(
-                Rule::ProviderId,
-                DenyReason::MissingProviderId,
-                e.to_string(),
-            );
+            book.fail(Rule::ProviderId, DenyReason::MissingProviderId, e.to_string());
             None
         }
     }
 }
 
-fn classify_requester(
-    book: &mut Book,
-    inputs: &Inputs<'_>,
-    node_name: Option<&NodeName>,
-) -> Option<Requester> {
+fn classify_requester(book: &mut Book, inputs: &Inputs<'_>, node_name: Option<&NodeName>) -> Option<Requester> {
     let csr = inputs.csr;
     let in_group = |g: &str| csr.groups.iter().any(|x| x == g);
     if let Some(id) = csr.username.strip_prefix(BOOTSTRAP_USER_PREFIX)
@@ -588,10 +533,7 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
             format!("{} has no bootstrap data yet", target.describe()),
         );
     } else {
-        book.pass(
-            Rule::Machine,
-            format!("{} owns the provider ID", target.describe()),
-        );
+        book.pass(Rule::Machine, format!("{} owns the provider ID", target.describe()));
     }
     Some(target)
 }
@@ -607,35 +549,60 @@ fn bind_requester(
     match requester {
         Requester::Bootstrap { username } => match target.bootstrap_config() {
             Some(config) if config.is_kubeadm() => {
-                let found = inputs.inventory.kubeadm_configs.iter().find(|k| k.name == config.name && k.namespace == target.namespace());
+                let found = inputs
+                    .inventory
+                    .kubeadm_configs
+                    .iter()
+                    .find(|k| k.name == config.name && k.namespace == target.namespace());
                 match found.map(|k| k.join_username()) {
-                    None => book.pending(Rule::Requester, format!("KubeadmConfig {} of {} not found", config.name, target.describe())),
-                    Some(Some(expected)) if expected == *username => {
-                        book.pass(Rule::Requester, format!("{username} is the join token of KubeadmConfig {}", config.name))
-                    }
+                    None => book.pending(
+                        Rule::Requester,
+                        format!("KubeadmConfig {} of {} not found", config.name, target.describe()),
+                    ),
+                    Some(Some(expected)) if expected == *username => book.pass(
+                        Rule::Requester,
+                        format!("{username} is the join token of KubeadmConfig {}", config.name),
+                    ),
                     Some(Some(expected)) => book.fail(
                         Rule::Requester,
                         DenyReason::RequesterNotAllowed,
-                        format!("requester {} is not {expected}, the join token of KubeadmConfig {}", shown(username), config.name),
+                        format!(
+                            "requester {} is not {expected}, the join token of KubeadmConfig {}",
+                            shown(username),
+                            config.name
+                        ),
                     ),
-                    Some(None) => book.pass(Rule::Requester, format!("{username}: KubeadmConfig {} names no join token", config.name)),
+                    Some(None) => book.pass(
+                        Rule::Requester,
+                        format!("{username}: KubeadmConfig {} names no join token", config.name),
+                    ),
                 }
             }
             _ => book.pass(Rule::Requester, format!("bootstrap-token user {username}")),
         },
         Requester::Node => match (claim.valid(), node_name) {
-            (Some(c), Some(name)) if c.node_name == name.as_str() => {
-                book.pass(Rule::Requester, format!("renewal by {} for its claimed {}", name.username(), target.describe()))
-            }
+            (Some(c), Some(name)) if c.node_name == name.as_str() => book.pass(
+                Rule::Requester,
+                format!("renewal by {} for its claimed {}", name.username(), target.describe()),
+            ),
             (Some(c), _) => book.fail(
                 Rule::Requester,
                 DenyReason::RequesterNotAllowed,
-                format!("renewal by {} but {} is claimed by node {}", shown(&inputs.csr.username), target.describe(), shown(&c.node_name)),
+                format!(
+                    "renewal by {} but {} is claimed by node {}",
+                    shown(&inputs.csr.username),
+                    target.describe(),
+                    shown(&c.node_name)
+                ),
             ),
             (None, _) => book.fail(
                 Rule::Requester,
                 DenyReason::RequesterNotAllowed,
-                format!("renewal by {} but {} holds no valid claim: renewals are only for a Machine the node has claimed", shown(&inputs.csr.username), target.describe()),
+                format!(
+                    "renewal by {} but {} holds no valid claim: renewals are only for a Machine the node has claimed",
+                    shown(&inputs.csr.username),
+                    target.describe()
+                ),
             ),
         },
     }
@@ -679,39 +646,24 @@ fn check_node_name(
                 }
             }
         },
-        (_, Target::Pool(_)) => {
-            Ok("a MachinePool instance: bound by its claim from now on".to_owned())
-        }
+        (_, Target::Pool(_)) => Ok("a MachinePool instance: bound by its claim from now on".to_owned()),
     };
     match fits {
         Err(why) => book.fail(
             Rule::NodeName,
             DenyReason::NodeNameMismatch,
-            format!(
-                "node name {} does not fit {}: {why}",
-                name,
-                target.describe()
-            ),
+            format!("node name {} does not fit {}: {why}", name, target.describe()),
         ),
         Ok(how) => match lookup {
-            NodeLookup::Found(node)
-                if node
-                    .provider_id
-                    .as_deref()
-                    .is_some_and(|p| p != pid.as_str()) =>
-            {
-                book.fail(
-                    Rule::NodeName,
-                    DenyReason::NodeNameMismatch,
-                    format!(
-                        "Node {name} exists with providerID {}",
-                        shown(node.provider_id.as_deref().unwrap_or_default())
-                    ),
-                )
-            }
-            NodeLookup::Unavailable(why) => {
-                book.pending(Rule::NodeName, format!("cannot look up Node {name}: {why}"))
-            }
+            NodeLookup::Found(node) if node.provider_id.as_deref().is_some_and(|p| p != pid.as_str()) => book.fail(
+                Rule::NodeName,
+                DenyReason::NodeNameMismatch,
+                format!(
+                    "Node {name} exists with providerID {}",
+                    shown(node.provider_id.as_deref().unwrap_or_default())
+                ),
+            ),
+            NodeLookup::Unavailable(why) => book.pending(Rule::NodeName, format!("cannot look up Node {name}: {why}")),
             _ => book.pass(Rule::NodeName, format!("{name} is {how}")),
         },
     }
@@ -764,17 +716,20 @@ fn check_one_identity(
                     }
                 }
                 _ => {
-                    book.fail(
-                        Rule::OneIdentity,
-                        DenyReason::MachineAlreadyClaimed,
-                        message,
-                    );
+                    book.fail(Rule::OneIdentity, DenyReason::MachineAlreadyClaimed, message);
                     OneIdentity::Settled
                 }
             }
         }
         ClaimState::Unreadable(why) => {
-            book.fail(Rule::OneIdentity, DenyReason::MachineAlreadyClaimed, format!("{} carries a claim that does not decode ({why}); remove it to release the Machine", target.describe()));
+            book.fail(
+                Rule::OneIdentity,
+                DenyReason::MachineAlreadyClaimed,
+                format!(
+                    "{} carries a claim that does not decode ({why}); remove it to release the Machine",
+                    target.describe()
+                ),
+            );
             OneIdentity::Settled
         }
         ClaimState::Unclaimed | ClaimState::Stale(_) => {
@@ -793,10 +748,7 @@ fn check_one_identity(
                 ),
                 None => book.pass(
                     Rule::OneIdentity,
-                    format!(
-                        "{} is unclaimed and its node unregistered",
-                        target.describe()
-                    ),
+                    format!("{} is unclaimed and its node unregistered", target.describe()),
                 ),
             }
             OneIdentity::Settled
@@ -867,11 +819,7 @@ fn claim_write(
     name: &NodeName,
     ek_sha256: Option<String>,
 ) -> Option<ClaimWrite> {
-    if target
-        .claim(pid)
-        .valid()
-        .is_some_and(|c| c.csr_uid == inputs.csr.uid)
-    {
+    if target.claim(pid).valid().is_some_and(|c| c.csr_uid == inputs.csr.uid) {
         return None;
     }
     let record = KubeletClaim {
@@ -906,9 +854,5 @@ fn approval_reason(version: &ProviderVersion) -> String {
             })
             .collect::<String>()
     };
-    format!(
-        "Attested{}{}",
-        camel(version.provider()),
-        camel(version.version())
-    )
+    format!("Attested{}{}", camel(version.provider()), camel(version.version()))
 }

@@ -144,8 +144,7 @@ impl Book {
     }
 
     fn pass(&mut self, rule: Rule, note: impl Into<String>) {
-        self.verdicts
-            .insert(rule, Verdict::Passed { note: note.into() });
+        self.verdicts.insert(rule, Verdict::Passed { note: note.into() });
     }
 
     fn fail(&mut self, rule: Rule, reason: DenyReason, message: impl Into<String>) {
@@ -177,9 +176,7 @@ impl Book {
     }
 
     fn any_failed(&self) -> bool {
-        self.verdicts
-            .values()
-            .any(|v| matches!(v, Verdict::Failed { .. }))
+        self.verdicts.values().any(|v| matches!(v, Verdict::Failed { .. }))
     }
 
     /// Every rule without a verdict yet is marked not evaluated, for `why`.
@@ -187,39 +184,27 @@ impl Book {
         for rule in self.order {
             self.verdicts
                 .entry(*rule)
-                .or_insert_with(|| Verdict::NotEvaluated {
-                    why: why.to_owned(),
-                });
+                .or_insert_with(|| Verdict::NotEvaluated { why: why.to_owned() });
         }
     }
 
-    fn finish(
-        mut self,
-        clock: &Clock,
-        approved_reason: &str,
-        approved_message: String,
-    ) -> Decision {
+    fn finish(mut self, clock: &Clock, approved_reason: &str, approved_message: String) -> Decision {
         self.skip_rest("not reached");
         let rules: Vec<RuleOutcome> = self
             .order
             .iter()
             .filter_map(|rule| {
-                self.verdicts.remove(rule).map(|verdict| RuleOutcome {
-                    rule: *rule,
-                    verdict,
-                })
+                self.verdicts
+                    .remove(rule)
+                    .map(|verdict| RuleOutcome { rule: *rule, verdict })
             })
             .collect();
         let failed = rules.iter().find_map(|r| match &r.verdict {
-            Verdict::Failed { reason, message } => {
-                Some((*reason, format!("{}: {message}", r.rule.as_str())))
-            }
+            Verdict::Failed { reason, message } => Some((*reason, format!("{}: {message}", r.rule.as_str()))),
             _ => None,
         });
         let pending = rules.iter().find_map(|r| match &r.verdict {
-            Verdict::Pending { message, on_expiry } => {
-                Some((*on_expiry, format!("{}: {message}", r.rule.as_str())))
-            }
+            Verdict::Pending { message, on_expiry } => Some((*on_expiry, format!("{}: {message}", r.rule.as_str()))),
             _ => None,
         });
         let outcome = match (failed, pending) {
@@ -290,15 +275,8 @@ fn check_usages(usages: &[String], required: &[&str], optional: &[&str]) -> Resu
 fn check_subject(csr: &crate::csr::ParsedCsr) -> Result<crate::identity::NodeName, String> {
     use crate::csr::StringKind;
     use crate::names::{GROUP_NODES, NODE_USER_PREFIX};
-    if let Some(attr) = csr
-        .subject
-        .iter()
-        .find(|a| !a.is_common_name() && !a.is_organization())
-    {
-        return Err(format!(
-            "subject attribute {} is not allowed (only CN and O)",
-            attr.oid
-        ));
+    if let Some(attr) = csr.subject.iter().find(|a| !a.is_common_name() && !a.is_organization()) {
+        return Err(format!("subject attribute {} is not allowed (only CN and O)", attr.oid));
     }
     if csr.subject.iter().any(|a| a.multi_valued_rdn) {
         return Err("multi-valued RDNs are not allowed".into());
@@ -310,20 +288,14 @@ fn check_subject(csr: &crate::csr::ParsedCsr) -> Result<crate::identity::NodeNam
     {
         return Err("subject values must be PrintableString or UTF8String".into());
     }
-    let orgs: Vec<&str> = csr
-        .organizations()
-        .filter_map(|a| a.value.as_deref())
-        .collect();
+    let orgs: Vec<&str> = csr.organizations().filter_map(|a| a.value.as_deref()).collect();
     if orgs != [GROUP_NODES] {
         return Err(format!(
             "O must be exactly [{GROUP_NODES:?}], got {}",
             shown(&format!("{orgs:?}"))
         ));
     }
-    let cns: Vec<&str> = csr
-        .common_names()
-        .filter_map(|a| a.value.as_deref())
-        .collect();
+    let cns: Vec<&str> = csr.common_names().filter_map(|a| a.value.as_deref()).collect();
     let [cn] = cns.as_slice() else {
         return Err(format!("exactly one CN required, got {}", cns.len()));
     };
@@ -351,14 +323,7 @@ mod tests {
             )
             .is_err()
         );
-        assert!(
-            check_usages(
-                &v(&["client auth", "digital signature", "server auth"]),
-                &req,
-                &[]
-            )
-            .is_err()
-        );
+        assert!(check_usages(&v(&["client auth", "digital signature", "server auth"]), &req, &[]).is_err());
         assert!(
             check_usages(
                 &v(&["client auth", "digital signature", "key encipherment"]),

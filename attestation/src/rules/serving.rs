@@ -55,33 +55,23 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     };
     book.pass(Rule::Request, "PKCS#10");
 
-    let requester_ok = csr.username.starts_with(crate::names::NODE_USER_PREFIX)
-        && csr.groups.iter().any(|g| g == GROUP_NODES);
+    let requester_ok =
+        csr.username.starts_with(crate::names::NODE_USER_PREFIX) && csr.groups.iter().any(|g| g == GROUP_NODES);
     let node_name = match check_subject(&parsed) {
         Ok(name) if csr.username == name.username() => {
-            book.pass(
-                Rule::Subject,
-                format!("CN={} equals the requester", name.username()),
-            );
+            book.pass(Rule::Subject, format!("CN={} equals the requester", name.username()));
             Some(name)
         }
         // A requester that is no node fails the requester rule; CN == requester is moot then.
         Ok(name) if !requester_ok => {
-            book.pass(
-                Rule::Subject,
-                format!("CN={}, O=system:nodes", name.username()),
-            );
+            book.pass(Rule::Subject, format!("CN={}, O=system:nodes", name.username()));
             None
         }
         Ok(name) => {
             book.fail(
                 Rule::Subject,
                 DenyReason::SubjectMismatch,
-                format!(
-                    "CN {} is not the requester {}",
-                    name.username(),
-                    shown(&csr.username)
-                ),
+                format!("CN {} is not the requester {}", name.username(), shown(&csr.username)),
             );
             None
         }
@@ -91,10 +81,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         }
     };
     if requester_ok {
-        book.pass(
-            Rule::Requester,
-            format!("{} in {GROUP_NODES}", csr.username),
-        );
+        book.pass(Rule::Requester, format!("{} in {GROUP_NODES}", csr.username));
     } else {
         book.fail(
             Rule::Requester,
@@ -116,15 +103,10 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
     // The controller-manager copies only SANs from a serving request; other extensions are inert.
-    book.pass(
-        Rule::Extensions,
-        "only SANs are used by the kubelet-serving signer",
-    );
+    book.pass(Rule::Extensions, "only SANs are used by the kubelet-serving signer");
     let sans_ok = check_san_kinds(&mut book, &parsed);
 
-    let owner = node_name
-        .as_ref()
-        .and_then(|name| find_owner(&mut book, inputs, name));
+    let owner = node_name.as_ref().and_then(|name| find_owner(&mut book, inputs, name));
     if let (true, Some(owner)) = (sans_ok, &owner) {
         check_sans_against_addresses(&mut book, &parsed, owner);
     }
@@ -148,10 +130,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     let message = format!(
         "serving certificate for {} matches {}",
         csr.username,
-        owner
-            .as_ref()
-            .map(|o| o.described.as_str())
-            .unwrap_or_default()
+        owner.as_ref().map(|o| o.described.as_str()).unwrap_or_default()
     );
     let mut decision = book.finish(&inputs.clock, "KubeletServingAddressesVerified", message);
     decision.target = owner.map(|o| o.target);
@@ -168,10 +147,7 @@ fn check_san_kinds(book: &mut Book, parsed: &ParsedCsr) -> bool {
         book.fail(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,
-            format!(
-                "SAN {} is not allowed: only DNS and IP",
-                shown(&bad.to_string())
-            ),
+            format!("SAN {} is not allowed: only DNS and IP", shown(&bad.to_string())),
         );
         return false;
     }
@@ -195,9 +171,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .filter(|m| m.namespace == cluster.namespace && m.cluster_name == cluster.name)
         .filter(|m| {
             m.node_ref.as_deref() == Some(name.as_str())
-                || m.claim
-                    .valid()
-                    .is_some_and(|c| c.node_name == name.as_str())
+                || m.claim.valid().is_some_and(|c| c.node_name == name.as_str())
         })
         .collect();
     let pools: Vec<_> = inputs
@@ -239,19 +213,12 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
             book.fail(
                 Rule::Machine,
                 DenyReason::MachineNotFound,
-                format!(
-                    "node {name} maps to {} Machines and {} MachinePools",
-                    m.len(),
-                    p.len()
-                ),
+                format!("node {name} maps to {} Machines and {} MachinePools", m.len(), p.len()),
             );
             return None;
         }
     };
-    book.pass(
-        Rule::Machine,
-        format!("node {name} belongs to {}", owner.described),
-    );
+    book.pass(Rule::Machine, format!("node {name} belongs to {}", owner.described));
     Some(owner)
 }
 
@@ -260,10 +227,7 @@ fn check_sans_against_addresses(book: &mut Book, parsed: &ParsedCsr, owner: &Own
         book.pending_or(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,
-            format!(
-                "{} instances carry no addresses to check SANs against",
-                owner.described
-            ),
+            format!("{} instances carry no addresses to check SANs against", owner.described),
         );
         return;
     };
