@@ -71,9 +71,6 @@ pub enum IssueError {
         /// The CA's NotAfter.
         not_after: OffsetDateTime,
     },
-    /// The approved request no longer parses (it was approved by something else).
-    #[error("the request cannot be certified: {0}")]
-    Request(String),
     /// rcgen refused to build the certificate.
     #[error("building the certificate failed: {0}")]
     Build(String),
@@ -219,20 +216,6 @@ impl ClusterCa {
     /// The CA's NotAfter.
     pub fn not_after(&self) -> OffsetDateTime {
         self.not_after
-    }
-
-    /// Signs the request in a CSR's `spec.request` (see [`ClusterCa::issue`]).
-    pub fn issue_for_request(&self, request: &[u8], validity: Validity) -> Result<IssuedCertificate, IssueError> {
-        let envelope =
-            crate::envelope::RequestEnvelope::parse(request).map_err(|e| IssueError::Request(e.to_string()))?;
-        let csr = ParsedCsr::from_der(&envelope.csr_der).map_err(|e| IssueError::Request(e.to_string()))?;
-        let extension = csr
-            .provider_id_extensions()
-            .next()
-            .ok_or_else(|| IssueError::Request("no provider-ID extension".into()))?;
-        let provider_id =
-            ProviderId::from_extension_value(&extension.value).map_err(|e| IssueError::Request(e.to_string()))?;
-        self.issue(&csr, &provider_id, validity)
     }
 
     /// Signs a client certificate for an approved request: random 160-bit serial; NotBefore

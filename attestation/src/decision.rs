@@ -254,6 +254,19 @@ pub struct Decision {
     /// The Machine or MachinePool the CSR maps to, for Events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<crate::machine::TargetRef>,
+    /// For an approved client CSR: the verified request, ready for [`crate::ca::ClusterCa::issue`]
+    /// without parsing it again.
+    #[serde(skip)]
+    pub issuance: Option<Issuance>,
+}
+
+/// What an approved client CSR hands to the CA.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Issuance {
+    /// The parsed, signature-checked request.
+    pub csr: crate::csr::ParsedCsr,
+    /// Its provider ID.
+    pub provider_id: crate::identity::ProviderId,
 }
 
 impl Decision {

@@ -179,15 +179,15 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     };
     let decision = attestation::decide(&inputs)?;
 
-    let certificate = match (&decision.outcome, &ca, decision.kind) {
-        (Outcome::Approved { .. }, Some(ca), attestation::decision::CsrKind::KubeletClient) => {
+    let certificate = match (&decision.issuance, &ca) {
+        (Some(issuance), Some(ca)) => {
             let validity = Validity {
                 now,
                 requested_seconds: csr.expiration_seconds,
                 max: time::Duration::try_from(args.client_cert_duration)
                     .context("--client-cert-duration is too large")?,
             };
-            Some(ca.issue_for_request(&csr.request, validity)?.pem())
+            Some(ca.issue(&issuance.csr, &issuance.provider_id, validity)?.pem())
         }
         _ => None,
     };

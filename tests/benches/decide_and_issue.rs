@@ -7,9 +7,12 @@
 
 use attestation::attestor::Verifiers;
 use attestation::ca::{ClusterCa, Validity};
+use attestation::csr::ParsedCsr;
+use attestation::envelope::RequestEnvelope;
+use attestation::identity::ProviderId;
 use attestation::insecure::InsecureVerifier;
 use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView, NodeView};
-use attestation::{Clock, Inputs, Outcome};
+use attestation::{Clock, Inputs};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tests::capi;
 use tests::csr::{RequestSpec, client_csr_object};
@@ -24,28 +27,58 @@ fn bench(c: &mut Criterion) {
     let mut inventory = Inventory::default();
     // A cluster of 100 Machines: the lookup is part of the cost.
     for i in 0..100 {
-        let pid = if i == 42 { PID.to_owned() } else { format!("aws:///us-east-1a/i-{i:04}") };
-        let name = if i == 42 { "worker-0".to_owned() } else { format!("worker-{i}x") };
-        inventory.machines.push(MachineView::from_object(&capi::machine(&name, Some(&pid))).unwrap());
-        inventory.kubeadm_configs.push(KubeadmConfigView::from_object(&capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")).unwrap());
+        let pid = if i == 42 {
+            PID.to_owned()
+        } else {
+            format!("aws:///us-east-1a/i-{i:04}")
+        };
+        let name = if i == 42 {
+            "worker-0".to_owned()
+        } else {
+            format!("worker-{i}x")
+        };
+        inventory
+            .machines
+            .push(MachineView::from_object(&capi::machine(&name, Some(&pid))).unwrap());
+        inventory.kubeadm_configs.push(
+            KubeadmConfigView::from_object(&capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")).unwrap(),
+        );
     }
     let nodes: Vec<NodeView> = Vec::new();
     let verifiers = Verifiers::new().with(InsecureVerifier);
 
     let mut group = c.benchmark_group("parse+verify+decide+issue P-256 CSR");
     group.throughput(Throughput::Elements(1));
-    for (name, algorithm) in [("RSA-2048 CA", &rcgen::PKCS_RSA_SHA256), ("P-256 CA", &rcgen::PKCS_ECDSA_P256_SHA256)] {
+    for (name, algorithm) in [
+        ("RSA-2048 CA", &rcgen::PKCS_RSA_SHA256),
+        ("P-256 CA", &rcgen::PKCS_ECDSA_P256_SHA256),
+    ] {
         let (cert_pem, key_pem) = tests::ca::rcgen_ca(algorithm);
         let ca = ClusterCa::from_pem(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
         group.bench_function(name, |b| {
             b.iter(|| {
                 let now = OffsetDateTime::now_utc();
-                let clock = Clock { now, first_seen: now, max_age: Duration::minutes(15) };
-                let inputs = Inputs { csr: &csr, cluster: &cluster, inventory: &inventory, nodes: &nodes, verifiers: &verifiers, clock };
+                let clock = Clock {
+                    now,
+                    first_seen: now,
+                    max_age: Duration::minutes(15),
+                };
+                let inputs = Inputs {
+                    csr: &csr,
+                    cluster: &cluster,
+                    inventory: &inventory,
+                    nodes: &nodes,
+                    verifiers: &verifiers,
+                    clock,
+                };
                 let decision = attestation::decide(&inputs).unwrap();
-                assert!(matches!(decision.outcome, Outcome::Approved { .. }));
-                let validity = Validity { now, requested_seconds: None, max: Duration::hours(168) };
-                ca.issue_for_request(&csr.request, validity).unwrap()
+                let approved = decision.issuance.unwrap();
+                let validity = Validity {
+                    now,
+                    requested_seconds: None,
+                    max: Duration::hours(168),
+                };
+                ca.issue(&approved.csr, &approved.provider_id, validity).unwrap()
             })
         });
     }
@@ -56,12 +89,60 @@ fn bench(c: &mut Criterion) {
     decide_only.bench_function("P-256 CSR", |b| {
         b.iter(|| {
             let now = OffsetDateTime::now_utc();
-            let clock = Clock { now, first_seen: now, max_age: Duration::minutes(15) };
-            let inputs = Inputs { csr: &csr, cluster: &cluster, inventory: &inventory, nodes: &nodes, verifiers: &verifiers, clock };
+            let clock = Clock {
+                now,
+                first_seen: now,
+                max_age: Duration::minutes(15),
+            };
+            let inputs = Inputs {
+                csr: &csr,
+                cluster: &cluster,
+                inventory: &inventory,
+                nodes: &nodes,
+                verifiers: &verifiers,
+                clock,
+            };
             attestation::decide(&inputs).unwrap()
         })
     });
     decide_only.finish();
+
+    // Where the time goes.
+    let mut pieces = c.benchmark_group("pieces");
+    let envelope = RequestEnvelope::parse(&csr.request).unwrap();
+    let parsed = ParsedCsr::from_der(&envelope.csr_der).unwrap();
+    let pid = ProviderId::new(PID).unwrap();
+    pieces.bench_function("envelope parse", |b| {
+        b.iter(|| RequestEnvelope::parse(&csr.request).unwrap())
+    });
+    pieces.bench_function("PKCS#10 parse", |b| {
+        b.iter(|| ParsedCsr::from_der(&envelope.csr_der).unwrap())
+    });
+    pieces.bench_function("self-signature verify (P-256)", |b| {
+        b.iter(|| parsed.verify_signature().unwrap())
+    });
+    for (name, algorithm) in [
+        ("issue, RSA-2048 CA", &rcgen::PKCS_RSA_SHA256),
+        ("issue, P-256 CA", &rcgen::PKCS_ECDSA_P256_SHA256),
+    ] {
+        let (cert_pem, key_pem) = tests::ca::rcgen_ca(algorithm);
+        let ca = ClusterCa::from_pem(cert_pem.as_bytes(), key_pem.as_bytes()).unwrap();
+        pieces.bench_function(name, |b| {
+            b.iter(|| {
+                ca.issue(
+                    &parsed,
+                    &pid,
+                    Validity {
+                        now: OffsetDateTime::now_utc(),
+                        requested_seconds: None,
+                        max: Duration::hours(168),
+                    },
+                )
+                .unwrap()
+            })
+        });
+    }
+    pieces.finish();
 }
 
 criterion_group!(benches, bench);

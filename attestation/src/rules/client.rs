@@ -6,7 +6,7 @@ use super::{Book, Inputs, NodeLookup, check_subject, check_usages, shown};
 use crate::attestor::{Evidence, Verification, Verifier};
 use crate::claim::{ClaimState, ClaimWrite, KubeletClaim};
 use crate::csr::ParsedCsr;
-use crate::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, Verdict};
+use crate::decision::{CsrKind, Decision, DenyReason, Issuance, Outcome, Rule, Verdict};
 use crate::envelope::{ProviderVersion, RequestEnvelope};
 use crate::identity::{NodeName, ProviderId};
 use crate::machine::{ConfigRef, MachinePoolView, MachineView, TargetRef};
@@ -291,14 +291,16 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         );
     }
     decision.target = target.map(|t| t.reference());
-    if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name), Some(Requester::Bootstrap { .. })) = (
-        &decision.outcome,
-        target,
-        provider_id.as_ref(),
-        node_name.as_ref(),
-        &requester,
-    ) {
-        decision.claim = claim_write(inputs, target, pid, name, verified_ek);
+    if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name)) =
+        (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref())
+    {
+        if let Some(Requester::Bootstrap { .. }) = &requester {
+            decision.claim = claim_write(inputs, target, pid, name, verified_ek);
+        }
+        decision.issuance = Some(Issuance {
+            csr: parsed,
+            provider_id: pid.clone(),
+        });
     }
     decision
 }

@@ -236,6 +236,7 @@ impl Book {
             claim: None,
             annotations: BTreeMap::new(),
             target: None,
+            issuance: None,
         }
     }
 }
