@@ -138,11 +138,6 @@ impl Verifiers {
         self.list.iter().find(|v| v.provider() == provider).map(|v| &**v)
     }
 
-    /// The verifier serving a signer name.
-    pub fn for_signer(&self, signer_name: &str) -> Option<&dyn Verifier> {
-        self.list.iter().find(|v| v.signer_name() == signer_name).map(|v| &**v)
-    }
-
     /// Every supported `<provider>/<version>`, comma-separated (the value of
     /// `cluster.x-k8s.io/attestation-supported-versions`).
     pub fn supported_versions(&self) -> String {
@@ -153,10 +148,5 @@ impl Verifiers {
             .collect();
         all.sort();
         all.join(",")
-    }
-
-    /// Signer names of every registered verifier.
-    pub fn signer_names(&self) -> impl Iterator<Item = &'static str> + '_ {
-        self.list.iter().map(|v| v.signer_name())
     }
 }

@@ -35,8 +35,8 @@ pub enum CaError {
         /// The decoder's complaint.
         why: String,
     },
-    /// The certificate is not a CA (no basicConstraints CA:true).
-    #[error("certificate {subject} is not a CA (basicConstraints CA:true is missing)")]
+    /// The certificate is not a CA (no basicConstraints CA:true, or no keyCertSign usage).
+    #[error("certificate {subject} is not a CA (it needs basicConstraints CA:true and, with a key usage, keyCertSign)")]
     NotACa {
         /// Its subject.
         subject: String,
@@ -172,8 +172,19 @@ impl ClusterCa {
         let (_, x509) = x509_parser::certificate::X509Certificate::from_der(&cert_der)
             .map_err(|e| CaError::CertificateDer { why: e.to_string() })?;
         let subject = x509.subject().to_string();
-        if !x509.is_ca() {
+        let can_sign_certificates = x509
+            .key_usage()
+            .ok()
+            .flatten()
+            .is_none_or(|ku| ku.value.key_cert_sign());
+        if !x509.is_ca() || !can_sign_certificates {
             return Err(CaError::NotACa { subject });
+        }
+        // rcgen copies the issuer name one attribute per RDN (and panics on an empty RDN).
+        if x509.subject().iter().any(|rdn| rdn.iter().count() != 1) {
+            return Err(CaError::CertificateDer {
+                why: "the CA subject must have one attribute per RDN".into(),
+            });
         }
         let spki = x509.public_key();
         let algorithm = signing_algorithm(&spki.algorithm).ok_or_else(|| CaError::KeyUnsupported {

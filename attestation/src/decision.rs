@@ -270,14 +270,6 @@ pub struct Issuance {
 }
 
 impl Decision {
-    /// The first failing rule, if any.
-    pub fn failed(&self) -> Option<(&RuleOutcome, DenyReason)> {
-        self.rules.iter().find_map(|r| match &r.verdict {
-            Verdict::Failed { reason, .. } => Some((r, *reason)),
-            _ => None,
-        })
-    }
-
     /// The verdict of one rule.
     pub fn verdict(&self, rule: Rule) -> Option<&Verdict> {
         self.rules.iter().find(|r| r.rule == rule).map(|r| &r.verdict)

@@ -249,3 +249,19 @@ fn two_clusters_sharing_a_ca_are_recognisable() {
         load(&openssl_ca(CaKeyFormat::RsaPkcs1, 30)).fingerprint()
     );
 }
+
+#[test]
+fn a_ca_certificate_without_key_cert_sign_is_refused() {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "not-a-signing-ca");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = params.self_signed(&key).unwrap();
+    assert!(matches!(
+        ClusterCa::from_pem(cert.pem().as_bytes(), key.serialize_pem().as_bytes()),
+        Err(CaError::NotACa { .. })
+    ));
+}

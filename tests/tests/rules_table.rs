@@ -216,7 +216,9 @@ enum Expect {
 
 type Case = (&'static str, fn() -> Scenario, Expect);
 
-fn check(cases: &[Case]) {
+/// Runs the cases; returns every denial reason they reached.
+fn check(cases: &[Case]) -> std::collections::BTreeSet<DenyReason> {
+    let mut reached = std::collections::BTreeSet::new();
     let mut failures = Vec::new();
     for (name, scenario, expect) in cases {
         let decision = scenario().decide();
@@ -226,12 +228,21 @@ fn check(cases: &[Case]) {
             Outcome::Retry { .. } => Expect::Retry,
             other => panic!("unexpected outcome {other:?}"),
         };
-        // Every rule gets a verdict, and a denial names a failing rule's reason.
+        // Every rule gets a verdict.
         assert_eq!(
             decision.rules.len(),
             if decision.kind == CsrKind::KubeletClient { 12 } else { 8 },
             "{name}"
         );
+        if let Outcome::Denied { reason, .. } = &decision.outcome {
+            let from_rule = decision.rules.iter().any(|r| match &r.verdict {
+                Verdict::Failed { reason: r, .. } => r == reason,
+                Verdict::Pending { on_expiry, .. } => on_expiry == reason,
+                _ => false,
+            });
+            assert!(from_rule, "{name}: the denial reason {reason} is no rule's");
+            reached.insert(*reason);
+        }
         if got != *expect {
             failures.push(format!(
                 "{name}: expected {expect:?}, got {got:?}\n{}",
@@ -246,6 +257,7 @@ fn check(cases: &[Case]) {
         cases.len(),
         failures.join("\n")
     );
+    reached
 }
 
 #[test]
@@ -1035,7 +1047,34 @@ fn client_csr_table() {
             Denied(MachineAlreadyClaimed),
         ),
     ];
-    check(&cases);
+    let reached = check(&cases);
+    // Every client reason of SPEC section 3 but `Superseded`, which only the TPM two-phase
+    // flow in the controller produces.
+    let all = [
+        InvalidRequest,
+        InvalidSignature,
+        SubjectMismatch,
+        ForbiddenSan,
+        ForbiddenExtension,
+        ForbiddenUsage,
+        RequesterNotAllowed,
+        MissingProviderId,
+        MachineNotFound,
+        MachineNotReady,
+        NodeNameMismatch,
+        NodeAlreadyRegistered,
+        MachineAlreadyClaimed,
+        AttestationMissing,
+        AttestationNotAllowed,
+        UnsupportedAttestationVersion,
+        AttestationInvalid,
+        EndorsementKeyUntrusted,
+        EndorsementKeyMismatch,
+        ChallengeFailed,
+        Expired,
+    ];
+    let missing: Vec<_> = all.iter().filter(|r| !reached.contains(r)).collect();
+    assert!(missing.is_empty(), "client reasons no case reaches: {missing:?}");
 }
 
 #[test]
@@ -1230,8 +1269,42 @@ fn serving_csr_table() {
             },
             Denied(ForbiddenSan),
         ),
+        (
+            "denies O=system:masters",
+            || {
+                let mut s = Scenario::serving();
+                s.request.subject = subject(&[
+                    (DnType::OrganizationName, "system:masters"),
+                    (DnType::CommonName, "system:node:worker-0"),
+                ]);
+                s
+            },
+            Denied(SubjectMismatch),
+        ),
+        (
+            "expires when no Machine ever gets the node",
+            || {
+                let mut s = Scenario::serving();
+                s.machines[0]["status"].as_object_mut().unwrap().remove("nodeRef");
+                s.first_seen = NOW - Duration::minutes(16);
+                s
+            },
+            Denied(Expired),
+        ),
     ];
-    check(&cases);
+    let reached = check(&cases);
+    let all = [
+        InvalidRequest,
+        InvalidSignature,
+        SubjectMismatch,
+        ForbiddenSan,
+        ForbiddenUsage,
+        RequesterNotAllowed,
+        MachineNotFound,
+        Expired,
+    ];
+    let missing: Vec<_> = all.iter().filter(|r| !reached.contains(r)).collect();
+    assert!(missing.is_empty(), "serving reasons no case reaches: {missing:?}");
 }
 
 #[test]

@@ -189,7 +189,7 @@ impl Book {
     }
 
     fn finish(mut self, clock: &Clock, approved_reason: &str, approved_message: String) -> Decision {
-        self.skip_rest("not reached");
+        self.skip_rest("needs the result of a rule that did not pass");
         let rules: Vec<RuleOutcome> = self
             .order
             .iter()
