@@ -195,22 +195,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
 
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
-    if book.any_failed() {
-        book.record(
-            Rule::Signature,
-            Verdict::NotEvaluated {
-                why: "a cheaper rule failed: no cryptography".into(),
-            },
-        );
-    } else {
-        match parsed.verify_signature() {
-            Ok(()) => book.pass(
-                Rule::Signature,
-                format!("self-signature verifies under the {} key", parsed.key_kind),
-            ),
-            Err(e) => book.fail(Rule::Signature, DenyReason::InvalidSignature, e.to_string()),
-        }
-    }
+    book.check_signature(&parsed);
     if let (false, Some((verifier, version)), Some(target), Some(pid)) =
         (book.any_failed(), verifier, target, provider_id.as_ref())
     {

@@ -179,6 +179,26 @@ impl Book {
         self.verdicts.values().any(|v| matches!(v, Verdict::Failed { .. }))
     }
 
+    /// Rule 2, only once every cheap rule held: no cryptography on a request already denied.
+    fn check_signature(&mut self, parsed: &crate::csr::ParsedCsr) {
+        if self.any_failed() {
+            self.record(
+                Rule::Signature,
+                Verdict::NotEvaluated {
+                    why: "a cheaper rule failed: no cryptography".into(),
+                },
+            );
+            return;
+        }
+        match parsed.verify_signature() {
+            Ok(()) => self.pass(
+                Rule::Signature,
+                format!("self-signature verifies under the {} key", parsed.key_kind),
+            ),
+            Err(e) => self.fail(Rule::Signature, DenyReason::InvalidSignature, e.to_string()),
+        }
+    }
+
     /// Every rule without a verdict yet is marked not evaluated, for `why`.
     fn skip_rest(&mut self, why: &str) {
         for rule in self.order {

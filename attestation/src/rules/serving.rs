@@ -111,22 +111,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         check_sans_against_addresses(&mut book, &parsed, owner);
     }
 
-    if book.any_failed() {
-        book.record(
-            Rule::Signature,
-            Verdict::NotEvaluated {
-                why: "a cheaper rule failed: no cryptography".into(),
-            },
-        );
-    } else {
-        match parsed.verify_signature() {
-            Ok(()) => book.pass(
-                Rule::Signature,
-                format!("self-signature verifies under the {} key", parsed.key_kind),
-            ),
-            Err(e) => book.fail(Rule::Signature, DenyReason::InvalidSignature, e.to_string()),
-        }
-    }
+    book.check_signature(&parsed);
     let message = format!(
         "serving certificate for {} matches {}",
         csr.username,
