@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use super::{Book, Inputs, check_subject, check_usages, shown};
 use crate::csr::{ParsedCsr, SubjectAltName};
-use crate::decision::{CsrKind, Decision, DenyReason, Rule, Verdict};
+use crate::decision::{CsrKind, Decision, DenyReason, Rule};
 use crate::envelope::RequestEnvelope;
 use crate::identity::NodeName;
 use crate::machine::{MachineAddress, TargetRef};
