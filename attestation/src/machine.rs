@@ -315,7 +315,7 @@ pub struct Inventory {
 impl MachineView {
     /// Reads a Machine of either version. Bootstrap readiness: v1beta2
     /// `status.initialization.bootstrapDataSecretCreated` or a true `BootstrapConfigReady`
-    /// condition; v1beta1 `status.bootstrapReady`.
+    /// condition; v1beta1 `status.bootstrapReady` (any of them, in either version).
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
         let meta = Meta::read(
             object,
@@ -340,7 +340,7 @@ impl MachineView {
         };
         Ok(Self {
             cluster_name: meta.required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?,
-            bootstrap_ready: bootstrap_ready(object, api_version),
+            bootstrap_ready: bootstrap_ready(object),
             bootstrap_config: config_ref(object.pointer("/spec/bootstrap/configRef")),
             infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"]).map(str::to_owned),
             node_ref: str_at(object, &["status", "nodeRef", "name"])
@@ -385,7 +385,7 @@ impl MachinePoolView {
         Ok(Self {
             cluster_name: meta.required_str(object, "MachinePool", &["spec", "clusterName"], "spec.clusterName")?,
             provider_ids: strings("/spec/providerIDList", ""),
-            bootstrap_ready: bootstrap_ready(object, api_version),
+            bootstrap_ready: bootstrap_ready(object),
             bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef")),
             node_refs: strings("/status/nodeRefs", "/name"),
             ek_pins: meta.ek_pins(),
@@ -454,21 +454,21 @@ fn str_at<'a>(object: &'a Value, path: &[&str]) -> Option<&'a str> {
     path.iter().try_fold(object, |v, key| v.get(key))?.as_str()
 }
 
-fn bootstrap_ready(object: &Value, version: ApiVersion) -> bool {
-    match version {
-        ApiVersion::V1beta1 => object.pointer("/status/bootstrapReady").and_then(Value::as_bool) == Some(true),
-        ApiVersion::V1beta2 => {
-            object
-                .pointer("/status/initialization/bootstrapDataSecretCreated")
-                .and_then(Value::as_bool)
-                == Some(true)
-                || matches!(object.pointer("/status/conditions"), Some(Value::Array(conditions))
-                if conditions.iter().any(|c| {
-                    c.get("type").and_then(Value::as_str) == Some("BootstrapConfigReady")
-                        && c.get("status").and_then(Value::as_str) == Some("True")
-                }))
-        }
-    }
+/// Bootstrap data is ready by any of the signals the versions carry: v1beta2's
+/// `status.initialization` and conditions, v1beta1's `status.bootstrapReady` and its
+/// `status.v1beta2.conditions` (what Cluster API's conversion fills in for v1beta1 readers).
+fn bootstrap_ready(object: &Value) -> bool {
+    let true_at = |pointer: &str| object.pointer(pointer).and_then(Value::as_bool) == Some(true);
+    let condition = |pointer: &str| {
+        matches!(object.pointer(pointer), Some(Value::Array(conditions)) if conditions.iter().any(|c| {
+            c.get("type").and_then(Value::as_str) == Some("BootstrapConfigReady")
+                && c.get("status").and_then(Value::as_str) == Some("True")
+        }))
+    };
+    true_at("/status/initialization/bootstrapDataSecretCreated")
+        || true_at("/status/bootstrapReady")
+        || condition("/status/conditions")
+        || condition("/status/v1beta2/conditions")
 }
 
 fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
@@ -615,6 +615,11 @@ mod tests {
             "status": {"conditions": [{"type": "BootstrapConfigReady", "status": "True"}]}
         });
         assert!(MachineView::from_object(&m).unwrap().bootstrap_ready);
+        let converted_v1beta1 = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Machine", "metadata": {"name": "m"}, "spec": {"clusterName": "c"},
+            "status": {"v1beta2": {"conditions": [{"type": "BootstrapConfigReady", "status": "True"}]}}
+        });
+        assert!(MachineView::from_object(&converted_v1beta1).unwrap().bootstrap_ready);
         let not_ready = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "metadata": {"name": "m"}, "spec": {"clusterName": "c"}});
         assert!(!MachineView::from_object(&not_ready).unwrap().bootstrap_ready);
     }

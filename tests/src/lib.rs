@@ -6,6 +6,7 @@
 pub mod ca;
 pub mod capi;
 pub mod csr;
+pub mod envtest;
 
 use std::path::PathBuf;
 

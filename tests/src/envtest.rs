@@ -1,0 +1,298 @@
+//! A real kube-apiserver and etcd for the cluster suites, found through `KUBEBUILDER_ASSETS`
+//! (the controller-runtime envtest convention: a folder holding `kube-apiserver`, `etcd`,
+//! `kubectl`). Without the variable, [`Envtest::start`] says so loudly and returns `None`, and
+//! the suite skips.
+//!
+//! The apiserver trusts one CA for client certificates: [`Envtest::client_ca`], an RSA PKCS#1
+//! key as Cluster API writes `<cluster>-ca`, so certificates the signer issues with it
+//! authenticate for real, through the Node authorizer and RBAC.
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::ca::{CaKeyFormat, TestCa, openssl_ca};
+
+/// A running etcd + kube-apiserver pair on loopback, stopped on drop.
+pub struct Envtest {
+    assets: PathBuf,
+    dir: tempfile::TempDir,
+    etcd: Child,
+    apiserver: Child,
+    /// `https://127.0.0.1:<port>`
+    pub server: String,
+    /// The CA of client certificates (and of the serving certificate).
+    pub client_ca: TestCa,
+    /// An admin (system:masters) kubeconfig.
+    pub admin_kubeconfig: PathBuf,
+}
+
+/// The folder of envtest binaries, or `None` with a message saying what is skipped.
+pub fn assets(suite: &str) -> Option<PathBuf> {
+    match std::env::var_os("KUBEBUILDER_ASSETS") {
+        Some(dir) if Path::new(&dir).join("kube-apiserver").exists() => Some(PathBuf::from(dir)),
+        Some(dir) => panic!(
+            "KUBEBUILDER_ASSETS={} holds no kube-apiserver",
+            Path::new(&dir).display()
+        ),
+        None => {
+            eprintln!(
+                "SKIPPED {suite}: KUBEBUILDER_ASSETS is not set (a folder with kube-apiserver, etcd, kubectl); this suite needs a real apiserver"
+            );
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn log_file(dir: &Path, name: &str) -> Stdio {
+    Stdio::from(std::fs::File::create(dir.join(name)).expect("log file"))
+}
+
+impl Envtest {
+    /// Starts etcd and kube-apiserver (Node,RBAC authorization, bootstrap tokens enabled) and
+    /// waits until the apiserver is ready. `None` when `KUBEBUILDER_ASSETS` is unset.
+    pub fn start(suite: &str) -> Option<Self> {
+        let assets = assets(suite)?;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let d = dir.path();
+        let client_ca = openssl_ca(CaKeyFormat::RsaPkcs1, 3650);
+        let (serving_cert, serving_key) = serving_certificate(&client_ca);
+        std::fs::write(d.join("apiserver.crt"), serving_cert).expect("write");
+        std::fs::write(d.join("apiserver.key"), serving_key).expect("write");
+        let sa = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        std::fs::write(d.join("sa.key"), sa.serialize_pem()).expect("write");
+        std::fs::write(d.join("sa.pub"), sa.public_key_pem()).expect("write");
+        let token = format!("{:032x}", u128::from_le_bytes(rand_bytes()));
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{token},admin,admin-uid,system:masters\n"),
+        )
+        .expect("write");
+
+        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
+        let etcd = Command::new(etcd_binary(&assets))
+            .args([
+                "--name=default",
+                &format!("--data-dir={}", d.join("etcd").display()),
+                &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync",
+            ])
+            .stdout(log_file(d, "etcd.log"))
+            .stderr(log_file(d, "etcd.err"))
+            .spawn()
+            .expect("start etcd");
+        let apiserver = Command::new(assets.join("kube-apiserver"))
+            .args([
+                &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                &format!("--secure-port={api_port}"),
+                &format!("--cert-dir={}", d.join("certdir").display()),
+                &format!("--tls-cert-file={}", d.join("apiserver.crt").display()),
+                &format!("--tls-private-key-file={}", d.join("apiserver.key").display()),
+                &format!("--client-ca-file={}", client_ca.cert_path.display()),
+                "--service-account-issuer=https://kubernetes.default.svc",
+                &format!("--service-account-key-file={}", d.join("sa.pub").display()),
+                &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--authorization-mode=Node,RBAC",
+                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--enable-bootstrap-token-auth",
+                "--endpoint-reconciler-type=none",
+                "--disable-admission-plugins=ServiceAccount",
+            ])
+            .stdout(log_file(d, "apiserver.log"))
+            .stderr(log_file(d, "apiserver.err"))
+            .spawn()
+            .expect("start kube-apiserver");
+        let server = format!("https://127.0.0.1:{api_port}");
+        let admin_kubeconfig = d.join("admin.kubeconfig");
+        std::fs::write(
+            &admin_kubeconfig,
+            kubeconfig(&server, &client_ca.cert_pem, &format!("token: {token}")),
+        )
+        .expect("write");
+        let env = Self {
+            assets,
+            dir,
+            etcd,
+            apiserver,
+            server,
+            client_ca,
+            admin_kubeconfig,
+        };
+        env.wait_ready(Duration::from_secs(90));
+        Some(env)
+    }
+
+    fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.kubectl(&["get", "--raw", "/readyz"]);
+            if out.status.success() && out.stdout.starts_with(b"ok") {
+                return;
+            }
+            if Instant::now() > deadline {
+                let err = std::fs::read_to_string(self.dir.path().join("apiserver.err")).unwrap_or_default();
+                let tail: String = err
+                    .lines()
+                    .rev()
+                    .take(30)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                panic!("kube-apiserver not ready after {timeout:?}:\n{tail}");
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Runs kubectl as admin.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_as(&self.admin_kubeconfig, args, None)
+    }
+
+    /// Runs kubectl with another kubeconfig, optionally feeding `stdin`.
+    pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(self.assets.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+            pipe.write_all(input.as_bytes()).expect("kubectl stdin");
+        }
+        child.wait_with_output().expect("kubectl")
+    }
+
+    /// `kubectl apply --server-side` of `objects` (JSON) as admin; panics with kubectl's error.
+    /// Server-owned metadata (uid, resourceVersion) is dropped first.
+    pub fn apply(&self, objects: &[serde_json::Value]) {
+        let items: Vec<serde_json::Value> = objects
+            .iter()
+            .cloned()
+            .map(|mut object| {
+                if let Some(meta) = object.get_mut("metadata").and_then(serde_json::Value::as_object_mut) {
+                    for owned in ["uid", "resourceVersion", "creationTimestamp"] {
+                        meta.remove(owned);
+                    }
+                }
+                object
+            })
+            .collect();
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let out = self.kubectl_as(
+            &self.admin_kubeconfig,
+            &["apply", "--server-side", "-f", "-"],
+            Some(&list.to_string()),
+        );
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Installs the Cluster API CRDs of `testdata/crds` and waits until they are served.
+    pub fn install_capi_crds(&self) {
+        let crds = crate::repo_root().join("testdata/crds");
+        let out = self.kubectl(&["apply", "--server-side", "-f", crds.to_str().expect("UTF-8 path")]);
+        assert!(
+            out.status.success(),
+            "install CRDs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = self.kubectl(&["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"]);
+        assert!(
+            out.status.success(),
+            "CRDs not established: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A kubeconfig authenticating with a client certificate and key (PEM).
+    pub fn kubeconfig_for_certificate(&self, name: &str, cert_pem: &str, key_pem: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        let user = format!(
+            "client-certificate-data: {}\n    client-key-data: {}",
+            base64(cert_pem.as_bytes()),
+            base64(key_pem.as_bytes())
+        );
+        std::fs::write(&path, kubeconfig(&self.server, &self.client_ca.cert_pem, &user)).expect("write kubeconfig");
+        path
+    }
+}
+
+impl Drop for Envtest {
+    fn drop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn etcd_binary(assets: &Path) -> PathBuf {
+    let bundled = assets.join("etcd");
+    if bundled.exists() {
+        bundled
+    } else {
+        PathBuf::from("etcd")
+    }
+}
+
+fn kubeconfig(server: &str, ca_pem: &[u8], user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: envtest\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: user\n  user:\n    {user}\ncontexts:\n- name: envtest\n  context:\n    cluster: envtest\n    user: user\ncurrent-context: envtest\n",
+        base64(ca_pem)
+    )
+}
+
+fn serving_certificate(ca: &TestCa) -> (String, String) {
+    let ca_key = rcgen::KeyPair::from_pem(std::str::from_utf8(&ca.key_pem).expect("PEM")).expect("CA key");
+    let issuer = rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca.cert_pem).expect("PEM"), ca_key).expect("CA");
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned(), "kubernetes".to_owned()]).expect("params");
+    params
+        .subject_alt_names
+        .push(rcgen::SanType::IpAddress("127.0.0.1".parse().expect("IP")));
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer).expect("serving certificate");
+    (cert.pem(), key.serialize_pem())
+}
+
+fn rand_bytes() -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .expect("/dev/urandom");
+    bytes
+}
+
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
