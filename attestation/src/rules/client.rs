@@ -158,7 +158,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         &[]
     };
     match check_usages(&csr.usages, &[usage::DIGITAL_SIGNATURE, usage::CLIENT_AUTH], optional) {
-        Ok(()) => book.pass(Rule::Usages, format!("{:?} for a {} key", csr.usages, parsed.key_kind)),
+        Ok(()) => book.pass(Rule::Usages, format!("{:?}, key {}", csr.usages, parsed.key_kind)),
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
     let requester = classify_requester(&mut book, inputs, node_name.as_ref());
@@ -166,21 +166,22 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
 
     // Rule 9, then what needs the Machine: 7 (binding), 10, 11.
     let target = provider_id.as_ref().and_then(|pid| find_target(&mut book, inputs, pid));
+    // The claim as it stands, read once for rules 7, 10, 11, 12 and the claim write.
+    let claim = target.zip(provider_id.as_ref()).map(|(target, pid)| target.claim(pid));
     let mut one_identity = OneIdentity::Settled;
-    if let (Some(target), Some(pid)) = (target, provider_id.as_ref()) {
-        let claim = target.claim(pid);
+    if let (Some(target), Some(pid), Some(claim)) = (target, provider_id.as_ref(), &claim) {
         if let Some(requester) = &requester {
-            bind_requester(&mut book, inputs, target, &claim, requester, node_name.as_ref());
+            bind_requester(&mut book, inputs, target, claim, requester, node_name.as_ref());
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());
-            check_node_name(&mut book, target, &claim, name, pid, &lookup);
+            check_node_name(&mut book, target, claim, name, pid, &lookup);
             if let Some(requester) = &requester {
                 one_identity = check_one_identity(
                     &mut book,
                     inputs,
                     target,
-                    &claim,
+                    claim,
                     requester,
                     name,
                     &lookup,
@@ -196,10 +197,8 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
     book.check_signature(&parsed);
-    if let (false, Some((verifier, version)), Some(target), Some(pid)) =
-        (book.any_failed(), verifier, target, provider_id.as_ref())
+    if let (false, Some((verifier, version)), Some(target), Some(claim)) = (book.any_failed(), verifier, target, &claim)
     {
-        let claim = target.claim(pid);
         let evidence = Evidence {
             version,
             data: envelope.data.as_deref(),
@@ -280,7 +279,8 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref())
     {
         if let Some(Requester::Bootstrap { .. }) = &requester {
-            decision.claim = claim_write(inputs, target, pid, name, verified_ek);
+            let current = claim.as_ref().unwrap_or(&ClaimState::Unclaimed);
+            decision.claim = claim_write(inputs, target, current, pid, name, verified_ek);
         }
         decision.issuance = Some(Issuance {
             csr: parsed,
@@ -802,11 +802,12 @@ fn select_verifier<'v, 'e>(
 fn claim_write(
     inputs: &Inputs<'_>,
     target: Target<'_>,
+    current: &ClaimState,
     pid: &ProviderId,
     name: &NodeName,
     ek_sha256: Option<String>,
 ) -> Option<ClaimWrite> {
-    if target.claim(pid).valid().is_some_and(|c| c.csr_uid == inputs.csr.uid) {
+    if current.valid().is_some_and(|c| c.csr_uid == inputs.csr.uid) {
         return None;
     }
     let record = KubeletClaim {
