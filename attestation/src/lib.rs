@@ -23,4 +23,4 @@ pub mod request;
 pub mod rules;
 
 pub use decision::{Decision, DenyReason, Outcome, Rule, Verdict};
-pub use rules::{Clock, CsrObject, Inputs, decide};
+pub use rules::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup, decide, requested_node_name};

@@ -2,6 +2,7 @@
 //! Cluster API workload clusters. See the repository README.
 
 mod check;
+mod controller;
 mod csr_object;
 mod manifests;
 
@@ -20,13 +21,16 @@ struct Cli {
 enum Command {
     /// Decide one CSR offline, with every rule's outcome; signs it when approved and a CA is given.
     /// Exit 0 approved, 1 denied or left pending, 2 unusable input.
-    Check(check::CheckArgs),
+    Check(Box<check::CheckArgs>),
+    /// Run the controller: watch every opted-in Cluster's CSRs, decide, claim, approve, sign.
+    Run(Box<controller::RunArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Check(args) => check::run(args),
+        Command::Run(args) => controller::run(args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

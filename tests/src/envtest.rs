@@ -20,7 +20,8 @@ pub struct Envtest {
     assets: PathBuf,
     dir: tempfile::TempDir,
     etcd: Child,
-    apiserver: Child,
+    apiserver: Option<Child>,
+    apiserver_args: Vec<String>,
     /// `https://127.0.0.1:<port>`
     pub server: String,
     /// The CA of client certificates (and of the serving certificate).
@@ -94,30 +95,29 @@ impl Envtest {
             .stderr(log_file(d, "etcd.err"))
             .spawn()
             .expect("start etcd");
-        let apiserver = Command::new(assets.join("kube-apiserver"))
-            .args([
-                &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                &format!("--secure-port={api_port}"),
-                &format!("--cert-dir={}", d.join("certdir").display()),
-                &format!("--tls-cert-file={}", d.join("apiserver.crt").display()),
-                &format!("--tls-private-key-file={}", d.join("apiserver.key").display()),
-                &format!("--client-ca-file={}", client_ca.cert_path.display()),
-                "--service-account-issuer=https://kubernetes.default.svc",
-                &format!("--service-account-key-file={}", d.join("sa.pub").display()),
-                &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--authorization-mode=Node,RBAC",
-                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
-                "--enable-bootstrap-token-auth",
-                "--endpoint-reconciler-type=none",
-                "--disable-admission-plugins=ServiceAccount",
-            ])
-            .stdout(log_file(d, "apiserver.log"))
-            .stderr(log_file(d, "apiserver.err"))
-            .spawn()
-            .expect("start kube-apiserver");
+        let apiserver_args: Vec<String> = [
+            &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            &format!("--secure-port={api_port}"),
+            &format!("--cert-dir={}", d.join("certdir").display()),
+            &format!("--tls-cert-file={}", d.join("apiserver.crt").display()),
+            &format!("--tls-private-key-file={}", d.join("apiserver.key").display()),
+            &format!("--client-ca-file={}", client_ca.cert_path.display()),
+            "--service-account-issuer=https://kubernetes.default.svc",
+            &format!("--service-account-key-file={}", d.join("sa.pub").display()),
+            &format!("--service-account-signing-key-file={}", d.join("sa.key").display()),
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=Node,RBAC",
+            &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+            "--enable-bootstrap-token-auth",
+            "--endpoint-reconciler-type=none",
+            "--disable-admission-plugins=ServiceAccount",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let apiserver = spawn_apiserver(&assets, d, &apiserver_args);
         let server = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = d.join("admin.kubeconfig");
         std::fs::write(
@@ -129,13 +129,70 @@ impl Envtest {
             assets,
             dir,
             etcd,
-            apiserver,
+            apiserver: Some(apiserver),
+            apiserver_args,
             server,
             client_ca,
             admin_kubeconfig,
         };
         env.wait_ready(Duration::from_secs(90));
         Some(env)
+    }
+
+    /// Stops kube-apiserver (etcd keeps the data): the cluster is down until
+    /// [`Envtest::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        if let Some(mut child) = self.apiserver.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts kube-apiserver again on the same port and data, and waits until it is ready.
+    pub fn start_apiserver(&mut self) {
+        if self.apiserver.is_none() {
+            self.apiserver = Some(spawn_apiserver(&self.assets, self.dir.path(), &self.apiserver_args));
+            self.wait_ready(Duration::from_secs(90));
+        }
+    }
+
+    /// A client certificate for `common_name` in `organizations`, signed by the client CA:
+    /// `(certificate PEM, key PEM)`.
+    pub fn client_certificate(&self, common_name: &str, organizations: &[&str]) -> (String, String) {
+        let issuer = issuer(&self.client_ca);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+        for o in organizations {
+            params.distinguished_name.push(rcgen::DnType::OrganizationName, *o);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &issuer).expect("client certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// The admin kubeconfig with its token replaced by a bootstrap token `<id>.<secret>`.
+    pub fn bootstrap_kubeconfig(&self, token: &str) -> PathBuf {
+        let admin = std::fs::read_to_string(&self.admin_kubeconfig).expect("admin kubeconfig");
+        let path = self.dir.path().join(format!("bootstrap-{token}.kubeconfig"));
+        let text: String = admin
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("token:") {
+                    format!("    token: {token}")
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&path, text + "\n").expect("write kubeconfig");
+        path
+    }
+
+    /// The folder holding logs and kubeconfigs (removed on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     fn wait_ready(&self, timeout: Duration) {
@@ -244,11 +301,24 @@ impl Envtest {
 
 impl Drop for Envtest {
     fn drop(&mut self) {
-        for child in [&mut self.apiserver, &mut self.etcd] {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop_apiserver();
+        let _ = self.etcd.kill();
+        let _ = self.etcd.wait();
     }
+}
+
+fn spawn_apiserver(assets: &Path, dir: &Path, args: &[String]) -> Child {
+    Command::new(assets.join("kube-apiserver"))
+        .args(args)
+        .stdout(log_file(dir, "apiserver.log"))
+        .stderr(log_file(dir, "apiserver.err"))
+        .spawn()
+        .expect("start kube-apiserver")
+}
+
+fn issuer(ca: &TestCa) -> rcgen::Issuer<'static, rcgen::KeyPair> {
+    let ca_key = rcgen::KeyPair::from_pem(std::str::from_utf8(&ca.key_pem).expect("PEM")).expect("CA key");
+    rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca.cert_pem).expect("PEM"), ca_key).expect("CA")
 }
 
 fn etcd_binary(assets: &Path) -> PathBuf {
@@ -268,8 +338,7 @@ fn kubeconfig(server: &str, ca_pem: &[u8], user: &str) -> String {
 }
 
 fn serving_certificate(ca: &TestCa) -> (String, String) {
-    let ca_key = rcgen::KeyPair::from_pem(std::str::from_utf8(&ca.key_pem).expect("PEM")).expect("CA key");
-    let issuer = rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca.cert_pem).expect("PEM"), ca_key).expect("CA");
+    let issuer = issuer(ca);
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
     let mut params =
         rcgen::CertificateParams::new(vec!["localhost".to_owned(), "kubernetes".to_owned()]).expect("params");

@@ -7,6 +7,7 @@ pub mod ca;
 pub mod capi;
 pub mod csr;
 pub mod envtest;
+pub mod live;
 
 use std::path::PathBuf;
 

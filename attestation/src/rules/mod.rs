@@ -127,6 +127,16 @@ pub fn decide(inputs: &Inputs<'_>) -> Result<Decision, NotOurSigner> {
     }
 }
 
+/// The node name a request asks for (its CN without `system:node:`), when the request parses
+/// that far: what the controller looks up in the workload cluster before calling [`decide`],
+/// so the [`NodeDirectory`] it passes holds that one Node. `None` for anything malformed, which
+/// [`decide`] then denies with the precise reason.
+pub fn requested_node_name(request: &[u8]) -> Option<crate::identity::NodeName> {
+    let envelope = crate::envelope::RequestEnvelope::parse(request).ok()?;
+    let parsed = crate::csr::ParsedCsr::from_der(&envelope.csr_der).ok()?;
+    check_subject(&parsed).ok()
+}
+
 /// Collects verdicts, then turns them into a [`Decision`].
 struct Book {
     kind: CsrKind,

@@ -1,0 +1,198 @@
+//! Prometheus metrics. Every label is bounded: cluster names come from opted-in Clusters (an
+//! operator's list), signer names and reasons from fixed sets; nothing a requester writes
+//! becomes a label.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Labels of a decision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// The Cluster, `<namespace>/<name>`.
+    pub cluster: String,
+    /// The CSR's signer name (one of ours).
+    pub signer: String,
+    /// `Approved`, `Denied`, `Retry`, `Failed`.
+    pub decision: String,
+    /// The condition reason (a SPEC name), or `Pending` for a retry.
+    pub reason: String,
+}
+
+/// A watched cluster's state.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ClusterState {
+    /// Watching its CSRs.
+    Ready,
+    /// Its workload apiserver does not answer (or answers errors); retried with backoff.
+    Unreachable,
+    /// `<cluster>-kubeconfig` or `<cluster>-ca` missing or unusable.
+    SecretsInvalid,
+    /// Refused: its CA certificate is also another opted-in Cluster's.
+    SharedCa,
+}
+
+impl ClusterState {
+    /// Every state, for resetting gauges.
+    pub const ALL: [Self; 4] = [Self::Ready, Self::Unreachable, Self::SecretsInvalid, Self::SharedCa];
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: ClusterState,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+/// The signer's metrics.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    decisions: Family<DecisionLabels, Counter>,
+    issue_latency: Histogram,
+    clusters: Family<StateLabels, Gauge>,
+    legacy_autoapprove: Family<ClusterLabels, Gauge>,
+    queue_dropped: Family<ClusterLabels, Counter>,
+    leader: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            decisions: Family::default(),
+            // 50 ms .. ~100 s: a join is a few hundred ms; minutes mean a stuck cluster.
+            issue_latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                0.05, 2.0, 12,
+            )),
+            clusters: Family::default(),
+            legacy_autoapprove: Family::default(),
+            queue_dropped: Family::default(),
+            leader: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("node_attestation");
+        r.register(
+            "decisions",
+            "CSR decisions by cluster, signer, decision and reason",
+            metrics.decisions.clone(),
+        );
+        r.register(
+            "issue_latency_seconds",
+            "Time from a client CSR's creation to its certificate being written",
+            metrics.issue_latency.clone(),
+        );
+        r.register("clusters", "Opted-in clusters by state", metrics.clusters.clone());
+        r.register(
+            "legacy_autoapprove_binding",
+            "1 while kubeadm:node-autoapprove-bootstrap exists in the workload cluster",
+            metrics.legacy_autoapprove.clone(),
+        );
+        r.register(
+            "queue_dropped",
+            "CSR names dropped because the cluster's queue was full (picked up again at resync)",
+            metrics.queue_dropped.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            metrics.leader.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one decision.
+    pub fn decision(&self, labels: DecisionLabels) {
+        self.decisions.get_or_create(&labels).inc();
+    }
+
+    /// Records a creation-to-issued latency.
+    pub fn issued_after(&self, seconds: f64) {
+        self.issue_latency.observe(seconds.max(0.0));
+    }
+
+    /// Sets the number of clusters in each state.
+    pub fn cluster_states(&self, counts: &[(ClusterState, i64)]) {
+        for state in ClusterState::ALL {
+            let n = counts.iter().filter(|(s, _)| *s == state).map(|(_, n)| n).sum();
+            self.clusters.get_or_create(&StateLabels { state }).set(n);
+        }
+    }
+
+    /// Reports the legacy binding's presence in `cluster`.
+    pub fn legacy_autoapprove(&self, cluster: &str, present: bool) {
+        self.legacy_autoapprove
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .set(i64::from(present));
+    }
+
+    /// Forgets a cluster's per-cluster series once it is no longer watched.
+    pub fn forget_cluster(&self, cluster: &str) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        self.legacy_autoapprove.remove(&labels);
+        self.queue_dropped.remove(&labels);
+    }
+
+    /// Counts a dropped queue entry.
+    pub fn queue_dropped(&self, cluster: &str) {
+        self.queue_dropped
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Sets the leader gauge.
+    pub fn leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}
+
+/// The text exposition of `registry`.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_and_states_are_exposed() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.decision(DecisionLabels {
+            cluster: "team-a/prod".into(),
+            signer: "s".into(),
+            decision: "Denied".into(),
+            reason: "MachineNotFound".into(),
+        });
+        m.cluster_states(&[(ClusterState::Ready, 2), (ClusterState::SharedCa, 1)]);
+        m.issued_after(0.3);
+        let text = encode(&registry);
+        assert!(
+            text.contains(r#"node_attestation_decisions_total{cluster="team-a/prod",signer="s",decision="Denied",reason="MachineNotFound"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"node_attestation_clusters{state="Ready"} 2"#), "{text}");
+        assert!(
+            text.contains(r#"node_attestation_clusters{state="Unreachable"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("node_attestation_issue_latency_seconds_count 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! `node-attestation-signer run`: the management-cluster controller.
+//!
+//! - [`management`]: watch caches of Cluster API objects, the claim write, Secrets.
+//! - [`fleet`]: which workload clusters are served (opt-in, Secrets, shared-CA refusal).
+//! - [`workload`]: one workload cluster's CSR watch, queue and fetch -> decide -> apply loop.
+//! - [`queue`]: bounded, deduplicating per-cluster queues.
+//! - [`metrics`] and [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
+//!
+//! Decisions are the rule engine's ([`attestation::decide`]); this module only fetches their
+//! inputs and applies their results.
+
+pub mod fleet;
+pub mod http;
+pub mod management;
+pub mod metrics;
+pub mod queue;
+pub mod workload;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail};
+use attestation::attestor::Verifiers;
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use prometheus_client::registry::Registry;
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Arguments of `run`. Every flag also reads an environment variable.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the management cluster (default: in-cluster, then `~/.kube/config`).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Watch Clusters in this namespace only (default: all namespaces).
+    #[arg(long, env = "SIGNER_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Longest client certificate lifetime.
+    #[arg(long, env = "SIGNER_CLIENT_CERT_DURATION", default_value = "168h", value_parser = humantime::parse_duration)]
+    pub client_cert_duration: std::time::Duration,
+    /// How long transient gaps are retried before a CSR is denied `Expired`.
+    #[arg(long, env = "SIGNER_CSR_MAX_AGE", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub csr_max_age: std::time::Duration,
+    /// Keep kubeadm's `kubeadm:node-autoapprove-bootstrap` binding (still reported).
+    #[arg(long, env = "SIGNER_KEEP_LEGACY_AUTOAPPROVE")]
+    pub keep_legacy_autoapprove: bool,
+    /// Leader election through a coordination.k8s.io Lease.
+    #[arg(long, env = "SIGNER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "node-attestation-system")]
+    pub leader_election_namespace: String,
+    /// Name of the Lease.
+    #[arg(long, env = "SIGNER_LEADER_ELECTION_ID", default_value = "node-attestation-signer")]
+    pub leader_election_id: String,
+    /// Address of `/metrics`.
+    #[arg(long, env = "SIGNER_METRICS_BIND_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub metrics_bind_address: SocketAddr,
+    /// Address of `/healthz` and `/readyz`.
+    #[arg(long, env = "SIGNER_HEALTH_PROBE_BIND_ADDRESS", default_value = "0.0.0.0:8081")]
+    pub health_probe_bind_address: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "SIGNER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// How often undecided CSRs are looked at again and cluster Secrets re-read.
+    #[arg(long, env = "SIGNER_RESYNC_PERIOD", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub resync_period: std::time::Duration,
+    /// Most CSR names queued per cluster; more are picked up at the next resync.
+    #[arg(long, env = "SIGNER_QUEUE_CAPACITY", default_value_t = 1000)]
+    pub queue_capacity: usize,
+    /// CSRs of one cluster processed at once.
+    #[arg(long, env = "SIGNER_CONCURRENCY_PER_CLUSTER", default_value_t = 4)]
+    pub concurrency_per_cluster: usize,
+    /// Timeout of workload-cluster requests.
+    #[arg(long, env = "SIGNER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: std::time::Duration,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,kube_lease_manager=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node-attestation-signer".to_owned());
+    format!("{host}_{}", std::process::id())
+}
+
+async fn management_client(args: &RunArgs) -> Result<Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read the management kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("management kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no management cluster: not in a Pod and no kubeconfig (use --kubeconfig)")?,
+    };
+    Client::try_from(config).context("cannot build the management client")
+}
+
+/// SIGTERM (what the kubelet sends) or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Runs the controller until the process is stopped.
+pub fn run(args: &RunArgs) -> Result<()> {
+    init_logging(args.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: &RunArgs) -> Result<()> {
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::register(&mut registry);
+    let ready = Arc::new(AtomicBool::new(false));
+    let registry = Arc::new(registry);
+    let endpoints = http::Endpoints {
+        registry: Arc::clone(&registry),
+        ready: Arc::clone(&ready),
+    };
+    let metrics_addr = http::serve(args.metrics_bind_address, endpoints.clone())
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (--metrics-bind-address)",
+                args.metrics_bind_address
+            )
+        })?;
+    let health_addr = http::serve(args.health_probe_bind_address, endpoints)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (--health-probe-bind-address)",
+                args.health_probe_bind_address
+            )
+        })?;
+    tracing::info!(metrics = %metrics_addr, health = %health_addr, "serving /metrics, /healthz, /readyz");
+
+    let client = management_client(args).await?;
+    client
+        .apiserver_version()
+        .await
+        .context("the management cluster's apiserver does not answer")?;
+    ready.store(true, Ordering::Relaxed);
+    let identity = identity();
+
+    let mut leadership = if args.leader_elect {
+        let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
+            .with_namespace(&args.leader_election_namespace)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+            .context("cannot set up leader election")?;
+        let (mut channel, _task) = manager.watch().await;
+        tracing::info!(
+            lease = %format!("{}/{}", args.leader_election_namespace, args.leader_election_id),
+            %identity,
+            "waiting for leadership"
+        );
+        while !*channel.borrow_and_update() {
+            channel
+                .changed()
+                .await
+                .context("leader election stopped before this replica led")?;
+        }
+        Some(channel)
+    } else {
+        None
+    };
+    metrics.leader(true);
+    tracing::info!(%identity, "leading: serving opted-in clusters");
+
+    let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
+    let shared = Arc::new(workload::Shared {
+        management,
+        metrics: metrics.clone(),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "node-attestation-signer".to_owned(),
+                instance: Some(identity),
+            },
+        ),
+        verifiers: Verifiers::new().with(attestation::insecure::InsecureVerifier),
+        crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
+        settings: workload::Settings {
+            client_cert_duration: time::Duration::try_from(args.client_cert_duration)
+                .context("--client-cert-duration is too large")?,
+            csr_max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
+            keep_legacy_autoapprove: args.keep_legacy_autoapprove,
+            resync: args.resync_period,
+            queue_capacity: args.queue_capacity,
+            concurrency: args.concurrency_per_cluster,
+            request_timeout: args.request_timeout,
+        },
+    });
+    let fleet = tokio::spawn(fleet::Fleet::new(shared).run());
+
+    let lost = async {
+        match leadership.as_mut() {
+            Some(channel) => loop {
+                if channel.changed().await.is_err() || !*channel.borrow_and_update() {
+                    return;
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = lost => {
+            metrics.leader(false);
+            fleet.abort();
+            // Exiting is the safe way out: a replica that lost its Lease must stop writing now,
+            // and its restart re-joins the election with empty caches.
+            bail!("lost the leader Lease; exiting so another replica leads");
+        }
+        () = terminated() => {
+            tracing::info!("terminated; stopping");
+            fleet.abort();
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,749 @@
+//! One workload cluster: a watch of its CSRs, a bounded queue, and the fetch -> decide -> apply
+//! loop for each CSR.
+//!
+//! The order of writes for a client CSR is the SPEC's: the claim (with the resourceVersion the
+//! decision was made on), `/approval`, a fresh re-read of the claim, then `/status`. A conflict
+//! at the claim means another CSR got there first: the CSR is decided again on fresh state,
+//! which denies it. A claim lost between approval and signing marks the CSR `Failed`. So of two
+//! racing CSRs for one Machine, at most one is ever signed, whatever the interleaving and
+//! however many replicas or restarts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use attestation::attestor::Verifiers;
+use attestation::ca::{ClusterCa, Validity};
+use attestation::claim::ClaimState;
+use attestation::decision::{CsrKind, Decision, Issuance, Outcome};
+use attestation::machine::{ClusterView, NodeView, TargetRef};
+use attestation::names::{GROUP_NODES, NODE_USER_PREFIX};
+use attestation::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup};
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use time::OffsetDateTime;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+use super::management::{ApplyError, Backoff, Management};
+use super::metrics::{ClusterState, DecisionLabels, Metrics};
+use super::queue::{Pushed, WorkQueue};
+use crate::csr_object::csr_object;
+
+/// kubeadm's binding that lets any bootstrap-token holder get a node identity from
+/// kube-controller-manager, bypassing this signer.
+pub const LEGACY_AUTOAPPROVE_BINDING: &str = "kubeadm:node-autoapprove-bootstrap";
+
+/// The controller's tunables.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Longest client certificate lifetime.
+    pub client_cert_duration: time::Duration,
+    /// How long transient gaps are retried before `Expired`.
+    pub csr_max_age: time::Duration,
+    /// Leave kubeadm's auto-approve binding in place (still reported).
+    pub keep_legacy_autoapprove: bool,
+    /// How often every undecided CSR is looked at again, Secrets re-read, the legacy binding
+    /// checked.
+    pub resync: Duration,
+    /// Bound of each cluster's queue.
+    pub queue_capacity: usize,
+    /// CSRs of one cluster processed at once.
+    pub concurrency: usize,
+    /// Timeout of each workload-cluster request.
+    pub request_timeout: Duration,
+}
+
+/// What every worker shares.
+pub struct Shared {
+    /// The management cluster.
+    pub management: Arc<Management>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Events in the management cluster (on Machines, MachinePools, Clusters).
+    pub recorder: Recorder,
+    /// Attestation verifiers.
+    pub verifiers: Verifiers,
+    /// Decisions (the CPU-bound part) across all clusters. Tokio's semaphore is FIFO, so
+    /// clusters take turns: a flooded cluster waits behind one CSR of each other cluster.
+    pub crypto: Semaphore,
+    /// Tunables.
+    pub settings: Settings,
+}
+
+/// One workload cluster's worker.
+pub struct Worker {
+    /// `<namespace>/<name>` of the Cluster.
+    pub key: String,
+    cluster_ref: ObjectReference,
+    client: Client,
+    ca: Arc<ClusterCa>,
+    shared: Arc<Shared>,
+    queue: WorkQueue,
+    csrs: Store<CertificateSigningRequest>,
+    writer: Mutex<Option<reflector::store::Writer<CertificateSigningRequest>>>,
+    first_seen: Mutex<HashMap<String, OffsetDateTime>>,
+    attempts: Mutex<HashMap<String, u32>>,
+    state: Mutex<ClusterState>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Where a CSR stands, from its conditions and certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// No decision yet.
+    Pending,
+    /// Approved, no certificate yet.
+    Approved,
+    /// Denied, Failed, or issued: nothing left to do.
+    Done,
+}
+
+fn stage(csr: &CertificateSigningRequest) -> Stage {
+    let status = csr.status.as_ref();
+    if status
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+    {
+        return Stage::Done;
+    }
+    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let has = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    if has("Denied") || has("Failed") {
+        Stage::Done
+    } else if has("Approved") {
+        Stage::Approved
+    } else {
+        Stage::Pending
+    }
+}
+
+/// True when `csr` is ours and still needs this signer.
+fn needs_us(csr: &CertificateSigningRequest) -> bool {
+    match attestation::rules::classify(&csr.spec.signer_name) {
+        Some(CsrKind::KubeletClient) => stage(csr) != Stage::Done,
+        // The workload cluster's kube-controller-manager signs approved serving CSRs.
+        Some(CsrKind::KubeletServing) => stage(csr) == Stage::Pending,
+        None => false,
+    }
+}
+
+/// The one Node a decision looks at, fetched before deciding.
+struct OneNode {
+    name: String,
+    lookup: NodeLookup,
+}
+
+impl NodeDirectory for OneNode {
+    fn node(&self, name: &str) -> NodeLookup {
+        if name == self.name {
+            self.lookup.clone()
+        } else {
+            NodeLookup::Unavailable(format!("Node {name} was not fetched"))
+        }
+    }
+}
+
+/// Kubernetes caps an Event note at 1 KiB.
+fn note(text: &str) -> String {
+    attestation::identity::truncate(text, 1000)
+}
+
+fn condition(type_: &str, reason: &str, message: &str) -> CertificateSigningRequestCondition {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    CertificateSigningRequestCondition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
+}
+
+impl Worker {
+    /// A worker for `cluster`, talking to its apiserver through `client` and signing with `ca`.
+    pub fn new(cluster: &ClusterView, client: Client, ca: Arc<ClusterCa>, shared: Arc<Shared>) -> Arc<Self> {
+        let (csrs, writer) = reflector::store();
+        let capacity = shared.settings.queue_capacity;
+        Arc::new(Self {
+            key: format!("{}/{}", cluster.namespace, cluster.name),
+            cluster_ref: cluster_reference(cluster),
+            client,
+            ca,
+            shared,
+            queue: WorkQueue::new(capacity),
+            csrs,
+            writer: Mutex::new(Some(writer)),
+            first_seen: Mutex::default(),
+            attempts: Mutex::default(),
+            state: Mutex::new(ClusterState::Unreachable),
+        })
+    }
+
+    /// The cluster's state, for metrics.
+    pub fn state(&self) -> ClusterState {
+        *lock(&self.state)
+    }
+
+    /// Stops taking work (the tasks end when [`Worker::run`] is aborted).
+    pub fn stop(&self) {
+        self.queue.close();
+    }
+
+    /// Runs until aborted; aborting it ends every task of this worker.
+    pub async fn run(self: Arc<Self>) {
+        let span = tracing::info_span!("cluster", cluster = %self.key);
+        async move {
+            // Owned by this future: aborting the worker drops the set, which aborts them all.
+            let mut tasks = tokio::task::JoinSet::new();
+            tasks.spawn(Arc::clone(&self).legacy_binding_loop().in_current_span());
+            tasks.spawn(Arc::clone(&self).resync_loop().in_current_span());
+            for _ in 0..self.shared.settings.concurrency.max(1) {
+                tasks.spawn(Arc::clone(&self).process_loop().in_current_span());
+            }
+            self.watch().await;
+            tasks.shutdown().await;
+        }
+        .instrument(span)
+        .await;
+    }
+
+    fn enqueue(&self, name: &str) {
+        if self.queue.push(name) == Pushed::Dropped {
+            self.shared.metrics.queue_dropped(&self.key);
+        }
+    }
+
+    async fn watch(&self) {
+        let Some(writer) = lock(&self.writer).take() else {
+            return;
+        };
+        let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
+        let mut events = watcher(api, watcher::Config::default())
+            .modify(|csr| csr.managed_fields_mut().clear())
+            .reflect(writer)
+            .boxed();
+        let mut backoff = Backoff::default();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) => {
+                    if needs_us(&csr) {
+                        self.enqueue(&csr.name_any());
+                    }
+                }
+                Ok(watcher::Event::Delete(csr)) => {
+                    if let Some(uid) = csr.uid() {
+                        lock(&self.first_seen).remove(&uid);
+                        lock(&self.attempts).remove(&uid);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if *lock(&self.state) != ClusterState::Ready {
+                        tracing::info!("watching CSRs of the workload cluster");
+                    }
+                    *lock(&self.state) = ClusterState::Ready;
+                    backoff.reset();
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => {
+                    if *lock(&self.state) != ClusterState::Unreachable {
+                        tracing::warn!(error = %e, "workload apiserver unreachable; retrying with backoff");
+                    }
+                    *lock(&self.state) = ClusterState::Unreachable;
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+
+    async fn resync_loop(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(self.shared.settings.resync).await;
+            let pending: Vec<_> = self.csrs.state().into_iter().filter(|c| needs_us(c)).collect();
+            let live: std::collections::HashSet<String> = pending.iter().filter_map(|c| c.uid()).collect();
+            lock(&self.first_seen).retain(|uid, _| live.contains(uid));
+            lock(&self.attempts).retain(|uid, _| live.contains(uid));
+            for csr in pending {
+                self.enqueue(&csr.name_any());
+            }
+        }
+    }
+
+    async fn process_loop(self: Arc<Self>) {
+        while let Some(name) = self.queue.pop().await {
+            let span = tracing::info_span!("csr", csr = %name, machine = tracing::field::Empty);
+            self.process(&name).instrument(span).await;
+            self.queue.done(&name);
+        }
+    }
+
+    fn retry(&self, csr: &CertificateSigningRequest, why: &str) {
+        let uid = csr.uid().unwrap_or_default();
+        let failures = {
+            let mut attempts = lock(&self.attempts);
+            let n = attempts.entry(uid).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        let delay = Backoff::delay(failures);
+        tracing::debug!(why, delay_ms = delay.as_millis() as u64, "retrying");
+        self.queue.push_after(csr.name_any(), delay);
+    }
+
+    async fn process(&self, name: &str) {
+        let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
+            return;
+        };
+        if !needs_us(&csr) {
+            return;
+        }
+        let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
+            return;
+        };
+        let now = OffsetDateTime::now_utc();
+        let object = csr_object(&csr);
+        let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
+        let nodes = self.lookup_node(&object).await;
+        let inventory = self.shared.management.inventory(&cluster);
+        let decision = {
+            let _turn = self.shared.crypto.acquire().await;
+            let inputs = Inputs {
+                csr: &object,
+                cluster: &cluster,
+                inventory: &inventory,
+                nodes: &nodes,
+                verifiers: &self.shared.verifiers,
+                clock: Clock {
+                    now,
+                    first_seen,
+                    max_age: self.shared.settings.csr_max_age,
+                },
+            };
+            match attestation::decide(&inputs) {
+                Ok(decision) => decision,
+                Err(_) => return,
+            }
+        };
+        if let Some(target) = &decision.target {
+            tracing::Span::current().record("machine", tracing::field::display(&target.name));
+        }
+        let approved_already = stage(&csr) == Stage::Approved;
+        let result = match &decision.outcome {
+            Outcome::Retry { message } => {
+                self.count(&csr, "Retry", "Pending");
+                self.retry(&csr, message);
+                Ok(())
+            }
+            Outcome::Denied { reason, message } if approved_already => {
+                // An approved CSR that no longer holds: Failed, never Denied (the API refuses both).
+                self.fail(&csr, &decision, reason.as_str(), message).await
+            }
+            Outcome::Denied { reason, message } => self.deny(&csr, &decision, reason.as_str(), message).await,
+            Outcome::Approved { reason, message } => {
+                self.approve(&csr, &object, &decision, reason, message, approved_already)
+                    .await
+            }
+            _ => Ok(()),
+        };
+        match result {
+            Ok(()) => {}
+            Err(ApplyError::Conflict(why)) => {
+                tracing::debug!(%why, "conflict; deciding again on fresh state");
+                self.queue.push_after(name.to_owned(), Duration::from_millis(100));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not apply the decision; retrying");
+                self.retry(&csr, &e.to_string());
+            }
+        }
+    }
+
+    async fn lookup_node(&self, csr: &CsrObject) -> OneNode {
+        let Some(name) = attestation::requested_node_name(&csr.request) else {
+            return OneNode {
+                name: String::new(),
+                lookup: NodeLookup::Absent,
+            };
+        };
+        let api: Api<Node> = Api::all(self.client.clone());
+        let lookup = match tokio::time::timeout(self.shared.settings.request_timeout, api.get_opt(name.as_str())).await
+        {
+            Ok(Ok(Some(node))) => match serde_json::to_value(&node)
+                .ok()
+                .and_then(|v| NodeView::from_object(&v).ok())
+            {
+                Some(view) => NodeLookup::Found(view),
+                None => NodeLookup::Unavailable(format!("Node {name} does not read")),
+            },
+            Ok(Ok(None)) => NodeLookup::Absent,
+            Ok(Err(e)) => NodeLookup::Unavailable(format!("cannot read Node {name}: {e}")),
+            Err(_) => NodeLookup::Unavailable(format!("reading Node {name} timed out")),
+        };
+        OneNode {
+            name: name.as_str().to_owned(),
+            lookup,
+        }
+    }
+
+    fn count(&self, csr: &CertificateSigningRequest, decision: &str, reason: &str) {
+        self.shared.metrics.decision(DecisionLabels {
+            cluster: self.key.clone(),
+            signer: csr.spec.signer_name.clone(),
+            decision: decision.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    fn csr_api(&self) -> Api<CertificateSigningRequest> {
+        Api::all(self.client.clone())
+    }
+
+    async fn deny(
+        &self,
+        csr: &CertificateSigningRequest,
+        decision: &Decision,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let mut current = csr.clone();
+        if !decision.annotations.is_empty() {
+            let patch = serde_json::json!({"metadata": {"annotations": decision.annotations}});
+            current = self
+                .csr_api()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(ApplyError::from_kube)?;
+        }
+        push_condition(&mut current, condition("Denied", reason, message));
+        self.csr_api()
+            .replace_subresource("approval", &name, &PostParams::default(), &current)
+            .await
+            .map_err(ApplyError::from_kube)?;
+        tracing::info!(reason, message, "denied");
+        self.count(csr, "Denied", reason);
+        self.event(
+            decision,
+            EventType::Warning,
+            "CSRDenied",
+            &format!("CSR {name} denied ({reason}): {message}"),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn fail(
+        &self,
+        csr: &CertificateSigningRequest,
+        decision: &Decision,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let mut current = csr.clone();
+        push_condition(&mut current, condition("Failed", reason, message));
+        self.csr_api()
+            .replace_status(&name, &PostParams::default(), &current)
+            .await
+            .map_err(ApplyError::from_kube)?;
+        tracing::warn!(
+            reason,
+            message,
+            "approved CSR no longer holds: marked Failed, not signed"
+        );
+        self.count(csr, "Failed", reason);
+        self.event(
+            decision,
+            EventType::Warning,
+            "CSRFailed",
+            &format!("CSR {name} was approved but not signed ({reason}): {message}"),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn approve(
+        &self,
+        csr: &CertificateSigningRequest,
+        object: &CsrObject,
+        decision: &Decision,
+        reason: &str,
+        message: &str,
+        approved_already: bool,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        if let Some(claim) = &decision.claim {
+            self.shared.management.write_claim(claim).await?;
+            tracing::info!(node = %claim.record.node_name, "claimed {}", claim.target.name);
+        }
+        let mut current = csr.clone();
+        if !approved_already {
+            push_condition(&mut current, condition("Approved", reason, message));
+            current = self
+                .csr_api()
+                .replace_subresource("approval", &name, &PostParams::default(), &current)
+                .await
+                .map_err(ApplyError::from_kube)?;
+            self.count(csr, "Approved", reason);
+        }
+        let Some(issuance) = &decision.issuance else {
+            // Serving: the workload cluster's kube-controller-manager signs.
+            tracing::info!(reason, "approved");
+            self.event(
+                decision,
+                EventType::Normal,
+                "CSRApproved",
+                &format!("CSR {name} approved: {message}"),
+            )
+            .await;
+            return Ok(());
+        };
+        let Some(target) = &decision.target else {
+            return Err(ApplyError::Transient("an approved client CSR without a Machine".into()));
+        };
+        if let Err(why) = self.recheck_claim(target, object, issuance).await? {
+            return self.fail(&current, decision, "MachineAlreadyClaimed", &why).await;
+        }
+        let validity = Validity {
+            now: OffsetDateTime::now_utc(),
+            requested_seconds: object.expiration_seconds,
+            max: self.shared.settings.client_cert_duration,
+        };
+        let certificate = match self.ca.issue(&issuance.csr, &issuance.provider_id, validity) {
+            Ok(c) => c,
+            Err(e) => return Err(ApplyError::Transient(format!("cannot sign with the cluster CA: {e}"))),
+        };
+        current.status.get_or_insert_default().certificate =
+            Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
+        self.csr_api()
+            .replace_status(&name, &PostParams::default(), &current)
+            .await
+            .map_err(ApplyError::from_kube)?;
+        if let Some(created) = object.created {
+            self.shared
+                .metrics
+                .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
+        }
+        tracing::info!(reason, not_after = %certificate.not_after, "approved and signed");
+        self.event(
+            decision,
+            EventType::Normal,
+            "CertificateIssued",
+            &format!(
+                "CSR {name} approved and signed until {}: {message}",
+                certificate.not_after
+            ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// The claim, read fresh, must still be this identity's: held by this CSR, or (a renewal by
+    /// the node itself) naming this node. `Ok(Err(why))` when it is not.
+    async fn recheck_claim(
+        &self,
+        target: &TargetRef,
+        csr: &CsrObject,
+        issuance: &Issuance,
+    ) -> Result<Result<(), String>, ApplyError> {
+        let state = self
+            .shared
+            .management
+            .fresh_claim(target, issuance.provider_id.as_str())
+            .await?;
+        let node = issuance
+            .csr
+            .common_names()
+            .find_map(|a| a.value.as_deref())
+            .and_then(|cn| cn.strip_prefix(NODE_USER_PREFIX))
+            .unwrap_or_default();
+        let renewal =
+            csr.username == format!("{NODE_USER_PREFIX}{node}") && csr.groups.iter().any(|g| g == GROUP_NODES);
+        Ok(match state {
+            ClaimState::Valid(claim) if claim.node_name == node && (claim.csr_uid == csr.uid || renewal) => Ok(()),
+            ClaimState::Valid(claim) => Err(format!(
+                "re-check before signing: {} is now claimed by node {} (CSR {})",
+                target.name, claim.node_name, claim.csr_uid
+            )),
+            other => Err(format!(
+                "re-check before signing: {} holds no claim for this CSR ({other:?})",
+                target.name
+            )),
+        })
+    }
+
+    async fn event(&self, decision: &Decision, type_: EventType, reason: &str, text: &str) {
+        let reference = match &decision.target {
+            Some(target) => self.target_reference(target),
+            None => self.cluster_ref.clone(),
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note(text)),
+            action: "Decide".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.shared.recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, "cannot record an Event");
+        }
+    }
+
+    fn target_reference(&self, target: &TargetRef) -> ObjectReference {
+        let (kind, api_version) = match target.kind {
+            attestation::machine::TargetKind::Machine => ("Machine", self.shared.management.machine_api_version()),
+            attestation::machine::TargetKind::MachinePool => ("MachinePool", self.shared.management.pool_api_version()),
+        };
+        ObjectReference {
+            api_version: Some(api_version),
+            kind: Some(kind.to_owned()),
+            name: Some(target.name.clone()),
+            namespace: Some(target.namespace.clone()),
+            uid: Some(target.uid.clone()),
+            ..ObjectReference::default()
+        }
+    }
+
+    async fn legacy_binding_loop(self: Arc<Self>) {
+        let api: Api<ClusterRoleBinding> = Api::all(self.client.clone());
+        let mut reported = false;
+        loop {
+            match api.get_opt(LEGACY_AUTOAPPROVE_BINDING).await {
+                Ok(Some(_)) => {
+                    self.shared.metrics.legacy_autoapprove(&self.key, true);
+                    let keep = self.shared.settings.keep_legacy_autoapprove;
+                    if !reported {
+                        tracing::warn!(
+                            binding = LEGACY_AUTOAPPROVE_BINDING,
+                            keep,
+                            "the workload cluster lets any bootstrap token holder get any node identity from kube-controller-manager"
+                        );
+                        self.cluster_event(
+                            EventType::Warning,
+                            "LegacyAutoapproveBinding",
+                            &format!(
+                                "ClusterRoleBinding {LEGACY_AUTOAPPROVE_BINDING} in the workload cluster lets any bootstrap token holder bypass attestation{}",
+                                if keep { "; kept (--keep-legacy-autoapprove)" } else { "; removing it" }
+                            ),
+                        )
+                        .await;
+                        reported = true;
+                    }
+                    if !keep {
+                        match api.delete(LEGACY_AUTOAPPROVE_BINDING, &Default::default()).await {
+                            Ok(_) => {
+                                tracing::info!(binding = LEGACY_AUTOAPPROVE_BINDING, "removed");
+                                self.shared.metrics.legacy_autoapprove(&self.key, false);
+                                self.cluster_event(
+                                    EventType::Normal,
+                                    "LegacyAutoapproveRemoved",
+                                    &format!("removed ClusterRoleBinding {LEGACY_AUTOAPPROVE_BINDING} from the workload cluster"),
+                                )
+                                .await;
+                                reported = false;
+                            }
+                            Err(e) => tracing::warn!(error = %e, "cannot remove {LEGACY_AUTOAPPROVE_BINDING}"),
+                        }
+                    }
+                }
+                Ok(None) => {
+                    self.shared.metrics.legacy_autoapprove(&self.key, false);
+                    reported = false;
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot check {LEGACY_AUTOAPPROVE_BINDING}"),
+            }
+            tokio::time::sleep(self.shared.settings.resync).await;
+        }
+    }
+
+    async fn cluster_event(&self, type_: EventType, reason: &str, text: &str) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note(text)),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.shared.recorder.publish(&event, &self.cluster_ref).await {
+            tracing::warn!(error = %e, "cannot record an Event on the Cluster");
+        }
+    }
+}
+
+fn push_condition(csr: &mut CertificateSigningRequest, condition: CertificateSigningRequestCondition) {
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(condition);
+}
+
+/// An Event reference to a Cluster.
+pub fn cluster_reference(cluster: &ClusterView) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("cluster.x-k8s.io/v1beta2".to_owned()),
+        kind: Some("Cluster".to_owned()),
+        name: Some(cluster.name.clone()),
+        namespace: Some(cluster.namespace.clone()),
+        uid: Some(cluster.uid.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csr(signer: &str, conditions: &[&str], certificate: bool) -> CertificateSigningRequest {
+        let mut csr = CertificateSigningRequest::default();
+        csr.spec.signer_name = signer.to_owned();
+        for c in conditions {
+            push_condition(&mut csr, condition(c, "R", "m"));
+        }
+        if certificate {
+            csr.status.get_or_insert_default().certificate = Some(k8s_openapi::ByteString(b"x".to_vec()));
+        }
+        csr
+    }
+
+    #[test]
+    fn only_our_undecided_csrs_are_queued() {
+        use attestation::names::{SIGNER_INSECURE, SIGNER_KUBELET_SERVING};
+        assert!(needs_us(&csr(SIGNER_INSECURE, &[], false)));
+        assert!(
+            needs_us(&csr(SIGNER_INSECURE, &["Approved"], false)),
+            "approved, never signed"
+        );
+        assert!(!needs_us(&csr(SIGNER_INSECURE, &["Approved"], true)));
+        assert!(!needs_us(&csr(SIGNER_INSECURE, &["Denied"], false)));
+        assert!(!needs_us(&csr(SIGNER_INSECURE, &["Approved", "Failed"], false)));
+        assert!(needs_us(&csr(SIGNER_KUBELET_SERVING, &[], false)));
+        assert!(
+            !needs_us(&csr(SIGNER_KUBELET_SERVING, &["Approved"], false)),
+            "kcm signs it"
+        );
+        assert!(!needs_us(&csr(
+            "kubernetes.io/kube-apiserver-client-kubelet",
+            &[],
+            false
+        )));
+    }
+
+    #[test]
+    fn event_notes_fit_the_api_limit() {
+        assert!(note(&"x".repeat(5000)).len() <= 1024);
+    }
+}

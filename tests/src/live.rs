@@ -1,0 +1,436 @@
+//! A live signer against real apiservers: the fixtures of the controller suites and the load
+//! harness.
+//!
+//! [`Workload`] turns an [`Envtest`] into an opted-in workload cluster of a management cluster
+//! (possibly itself): the Cluster object, `<cluster>-kubeconfig` for the signer's workload
+//! identity (user `node-attestation-signer`, bound by `config/rbac/workload-cluster.yaml`),
+//! `<cluster>-ca` (the apiserver's client CA, RSA PKCS#1), and kubeadm's bootstrap token.
+//! [`Signer`] runs `node-attestation-signer run` as a process under the management ServiceAccount's
+//! identity, bound by `config/rbac/management-cluster.yaml`: the suites exercise least privilege.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+use crate::envtest::Envtest;
+
+/// The management ServiceAccount's user name.
+pub const SIGNER_SERVICE_ACCOUNT: &str = "system:serviceaccount:node-attestation-system:node-attestation-signer";
+/// The bootstrap token every fixture Machine's KubeadmConfig names.
+pub const TOKEN: &str = "abcdef.0123456789abcdef";
+
+/// A kube client from a kubeconfig file.
+pub async fn client(kubeconfig: &Path) -> Client {
+    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
+    let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("kubeconfig parses");
+    let config = kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig config");
+    Client::try_from(config).expect("client")
+}
+
+fn resource(object: &Value) -> ApiResource {
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let kind = object["kind"].as_str().expect("kind");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
+}
+
+/// Server-side applies `object` (JSON, any kind) and then merges its `status`, as controllers
+/// would write it.
+pub async fn apply(client: &Client, object: &Value) -> Value {
+    let resource = resource(object);
+    let name = object["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let mut body = object.clone();
+    if let Some(meta) = body["metadata"].as_object_mut() {
+        for owned in ["uid", "resourceVersion", "creationTimestamp"] {
+            meta.remove(owned);
+        }
+    }
+    let status = body.as_object_mut().and_then(|o| o.remove("status"));
+    let params = PatchParams::apply("tests").force();
+    let mut applied = api
+        .patch(name, &params, &Patch::Apply(&body))
+        .await
+        .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+    if let Some(status) = status {
+        applied = api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
+            .await
+            .unwrap_or_else(|e| panic!("status of {name}: {e}"));
+    }
+    serde_json::to_value(applied).expect("JSON")
+}
+
+/// Deletes `object` if present.
+pub async fn delete(client: &Client, object: &Value) {
+    let resource = resource(object);
+    let name = object["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let _ = api.delete(name, &Default::default()).await;
+}
+
+/// Reads an object back.
+pub async fn get(client: &Client, object: &Value) -> Value {
+    let resource = resource(object);
+    let name = object["metadata"]["name"].as_str().expect("name");
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    serde_json::to_value(api.get(name).await.unwrap_or_else(|e| panic!("get {name}: {e}"))).expect("JSON")
+}
+
+/// Applies every document of a YAML file in the repository.
+pub async fn apply_file(client: &Client, path: &str) {
+    let text = std::fs::read_to_string(crate::repo_root().join(path)).expect("manifest");
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let object: Value = serde::Deserialize::deserialize(document).expect("YAML");
+        if !object.is_null() {
+            apply(client, &object).await;
+        }
+    }
+}
+
+/// One workload cluster (an [`Envtest`]) and its Cluster object in a management cluster.
+pub struct Workload {
+    /// The apiserver.
+    pub env: Envtest,
+    /// Admin of the workload apiserver.
+    pub admin: Client,
+    /// Cluster name.
+    pub cluster: String,
+    /// Cluster namespace (in the management cluster).
+    pub namespace: String,
+    /// kubeadm's bootstrap token user, as a client of the workload apiserver.
+    pub bootstrap: Client,
+}
+
+impl Workload {
+    /// Prepares `env` as workload cluster `namespace/cluster` of `management` (which may be
+    /// `env`'s own admin client): CRDs and RBAC where needed, the Cluster (allowing
+    /// `attestors`), its Secrets and the bootstrap token.
+    pub async fn register(env: Envtest, management: &Client, namespace: &str, cluster: &str, attestors: &str) -> Self {
+        let admin = client(&env.admin_kubeconfig).await;
+        apply_file(&admin, "config/rbac/workload-cluster.yaml").await;
+        let (cert, key) = env.client_certificate("node-attestation-signer", &[]);
+        let signer_kubeconfig = env.kubeconfig_for_certificate(&format!("signer-in-{cluster}"), &cert, &key);
+        apply(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+        )
+        .await;
+        let mut cluster_object = crate::capi::cluster(attestors);
+        cluster_object["metadata"]["name"] = json!(cluster);
+        cluster_object["metadata"]["namespace"] = json!(namespace);
+        apply(management, &cluster_object).await;
+        let kubeconfig_text = std::fs::read_to_string(&signer_kubeconfig).expect("kubeconfig");
+        apply(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{cluster}-kubeconfig"), "namespace": namespace},
+                    "stringData": {"value": kubeconfig_text}}),
+        )
+        .await;
+        apply(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                    "metadata": {"name": format!("{cluster}-ca"), "namespace": namespace},
+                    "stringData": {"tls.crt": String::from_utf8_lossy(&env.client_ca.cert_pem),
+                                   "tls.key": String::from_utf8_lossy(&env.client_ca.key_pem)}}),
+        )
+        .await;
+        let (id, secret) = TOKEN.split_once('.').expect("token");
+        add_bootstrap_token(&admin, id, secret).await;
+        apply(
+            &admin,
+            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:kubelet-bootstrap"},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-bootstrapper"},
+                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:bootstrappers"}]}),
+        )
+        .await;
+        let bootstrap = client(&env.bootstrap_kubeconfig(TOKEN)).await;
+        Self {
+            env,
+            admin,
+            cluster: cluster.to_owned(),
+            namespace: namespace.to_owned(),
+            bootstrap,
+        }
+    }
+
+    /// A client of the workload apiserver as bootstrap token `<id>.<secret>` (added first).
+    pub async fn bootstrap_client(&self, token: &str) -> Client {
+        let (id, secret) = token.split_once('.').expect("token");
+        add_bootstrap_token(&self.admin, id, secret).await;
+        client(&self.env.bootstrap_kubeconfig(token)).await
+    }
+
+    /// A client of the workload apiserver with a certificate the signer issued (the node key
+    /// of `key_pem`).
+    pub async fn node_client(&self, node: &str, cert_pem: &str, key_pem: &str) -> Client {
+        client(&self.env.kubeconfig_for_certificate(node, cert_pem, key_pem)).await
+    }
+
+    /// Sets this Cluster's object in `management` to fixture form for `object`: name and
+    /// namespace of this Cluster.
+    pub fn own(&self, mut object: Value) -> Value {
+        object["metadata"]["namespace"] = json!(self.namespace);
+        if let Some(spec) = object.get_mut("spec") {
+            if spec.get("clusterName").is_some() {
+                spec["clusterName"] = json!(self.cluster);
+            }
+            if let Some(template) = spec.pointer_mut("/template/spec/clusterName") {
+                *template = json!(self.cluster);
+            }
+        }
+        object
+    }
+}
+
+/// Creates bootstrap token `<id>.<secret>` in kube-system.
+pub async fn add_bootstrap_token(admin: &Client, id: &str, secret: &str) {
+    apply(
+        admin,
+        &json!({"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+                "metadata": {"name": format!("bootstrap-token-{id}"), "namespace": "kube-system"},
+                "stringData": {"token-id": id, "token-secret": secret, "usage-bootstrap-authentication": "true"}}),
+    )
+    .await;
+}
+
+/// How a CSR ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Final {
+    /// Signed: the certificate PEM.
+    Issued(String),
+    /// Approved, not signed (serving CSRs: kube-controller-manager signs).
+    Approved,
+    /// Denied with this reason and message.
+    Denied(String, String),
+    /// Failed with this reason and message.
+    Failed(String, String),
+    /// Nothing within the timeout.
+    Pending,
+}
+
+impl Final {
+    /// The reason of a denial or failure.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Denied(r, _) | Self::Failed(r, _) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Where a CSR stands now.
+pub fn state_of(csr: &CertificateSigningRequest) -> Final {
+    let status = csr.status.clone().unwrap_or_default();
+    if let Some(cert) = status.certificate.filter(|c| !c.0.is_empty()) {
+        return Final::Issued(String::from_utf8_lossy(&cert.0).into_owned());
+    }
+    let conditions = status.conditions.unwrap_or_default();
+    for terminal in ["Denied", "Failed"] {
+        if let Some(c) = conditions.iter().find(|c| c.type_ == terminal) {
+            let (reason, message) = (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            );
+            return if terminal == "Denied" {
+                Final::Denied(reason, message)
+            } else {
+                Final::Failed(reason, message)
+            };
+        }
+    }
+    if conditions.iter().any(|c| c.type_ == "Approved") {
+        return Final::Approved;
+    }
+    Final::Pending
+}
+
+/// Files a CSR named `name` with `client`, retrying briefly while a new bootstrap token
+/// propagates to the apiserver's authenticator cache.
+pub async fn file_csr(client: &Client, name: &str, signer: &str, request: &[u8], usages: &[&str]) {
+    let csr: CertificateSigningRequest = serde_json::from_value(json!({
+        "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest", "metadata": {"name": name},
+        "spec": {"signerName": signer, "request": base64(request), "usages": usages}
+    }))
+    .expect("CSR");
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match api.create(&PostParams::default(), &csr).await {
+            Ok(_) => return,
+            Err(e) if Instant::now() > deadline => panic!("file CSR {name}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Waits until CSR `name` ends (issued, denied, failed; `approved_is_final` for serving CSRs),
+/// or `timeout` passes.
+pub async fn wait_final(admin: &Client, name: &str, approved_is_final: bool, timeout: Duration) -> Final {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(csr) = api.get(name).await {
+            let state = state_of(&csr);
+            match state {
+                Final::Pending => {}
+                Final::Approved if !approved_is_final => {}
+                done => return done,
+            }
+        }
+        if Instant::now() > deadline {
+            return Final::Pending;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `node-attestation-signer run` as a child process.
+pub struct Signer {
+    binary: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+    /// `http://127.0.0.1:<port>/metrics`
+    pub metrics_url: String,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl Signer {
+    /// Starts the signer against `management` (an [`Envtest`] with the Cluster API CRDs) as
+    /// the management ServiceAccount, after applying the management RBAC. `extra` flags are
+    /// appended.
+    pub async fn start(binary: &Path, management: &Envtest, extra: &[&str]) -> Self {
+        let admin = client(&management.admin_kubeconfig).await;
+        apply(
+            &admin,
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-attestation-system"}}),
+        )
+        .await;
+        apply_file(&admin, "config/rbac/management-cluster.yaml").await;
+        let (cert, key) = management.client_certificate(SIGNER_SERVICE_ACCOUNT, &["system:serviceaccounts"]);
+        let kubeconfig = management.kubeconfig_for_certificate("signer-management", &cert, &key);
+        let (metrics, health) = (free_port(), free_port());
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--metrics-bind-address".into(),
+            format!("127.0.0.1:{metrics}"),
+            "--health-probe-bind-address".into(),
+            format!("127.0.0.1:{health}"),
+            "--resync-period".into(),
+            "2s".into(),
+        ];
+        args.extend(extra.iter().map(ToString::to_string));
+        let mut signer = Self {
+            binary: binary.to_owned(),
+            args,
+            child: None,
+            log: management.dir().join("signer.log"),
+            metrics_url: format!("http://127.0.0.1:{metrics}/metrics"),
+        };
+        signer.restart();
+        signer
+    }
+
+    /// (Re)starts the process; its log is appended to.
+    pub fn restart(&mut self) {
+        self.kill();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("signer log");
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .env(
+                "RUST_LOG",
+                std::env::var("SIGNER_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("start node-attestation-signer");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process is still running.
+    pub fn alive(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// The `/metrics` text, or an empty string when not serving.
+    pub fn metrics(&self) -> String {
+        let Some(rest) = self.metrics_url.strip_prefix("http://") else {
+            return String::new();
+        };
+        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let Ok(mut stream) = std::net::TcpStream::connect(host) else {
+            return String::new();
+        };
+        use std::io::{Read, Write};
+        let _ = write!(
+            stream,
+            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        );
+        let mut response = String::new();
+        let _ = stream.read_to_string(&mut response);
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_owned())
+            .unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Signer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Standard base64.
+pub fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
