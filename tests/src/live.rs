@@ -426,6 +426,11 @@ impl Signer {
 impl Drop for Signer {
     fn drop(&mut self) {
         self.kill();
+        // The log lives in the apiserver's temporary folder; keep a copy when asked.
+        if let Some(dir) = std::env::var_os("SIGNER_LOG_DIR") {
+            let name = format!("signer-{}.log", std::process::id());
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(name));
+        }
     }
 }
 

@@ -1,0 +1,350 @@
+//! The signer as a fleet service, on real kube-apiservers (`KUBEBUILDER_ASSETS`; skipped loudly
+//! without): two workload clusters at once, one of them stopped and restarted, re-keyed and
+//! removed; two Clusters sharing a CA refused; the signer killed mid-run and restarted with
+//! nothing lost and nothing signed twice, and approved-but-unsigned CSRs re-verified.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use attestation::names::SIGNER_INSECURE;
+use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use rcgen::SanType;
+use serde_json::{Value, json};
+use tests::capi;
+use tests::csr::RequestSpec;
+use tests::envtest::Envtest;
+use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
+
+const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
+const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
+const WAIT: Duration = Duration::from_secs(40);
+
+fn pid(name: &str) -> String {
+    format!("aws:///eu-west-1b/i-{name}")
+}
+
+async fn machine(management: &Client, w: &Workload, name: &str) {
+    apply(
+        management,
+        &w.own(capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")),
+    )
+    .await;
+    let mut m = w.own(capi::machine(name, Some(&pid(name))));
+    m["spec"]["clusterName"] = json!(w.cluster);
+    apply(management, &m).await;
+}
+
+async fn join(w: &Workload, csr: &str, node: &str) -> Final {
+    file_csr(
+        &w.bootstrap,
+        csr,
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet(node, &pid(node)).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    wait_final(&w.admin, csr, false, WAIT).await
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn eventually(what: &str, signer: &Signer, mut check: impl FnMut(&str) -> bool) {
+    for _ in 0..150 {
+        if check(&signer.metrics()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "{what} never held; metrics:\n{}\nlog:\n{}",
+        signer.metrics(),
+        signer.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workload_clusters_one_down_re_keyed_removed_and_a_shared_ca_refused() {
+    let Some(management_env) = Envtest::start("envtest_fleet (management)") else {
+        return;
+    };
+    let Some(edge_env) = Envtest::start("envtest_fleet (edge)") else {
+        return;
+    };
+    management_env.install_capi_crds();
+    let management = live::client(&management_env.admin_kubeconfig).await;
+    let prod = Workload::register(management_env, &management, "team-a", "prod", "insecure").await;
+    let mut edge = Workload::register(edge_env, &management, "team-b", "edge", "insecure").await;
+    for i in 0..4 {
+        machine(&management, &prod, &format!("prod-{i}")).await;
+        machine(&management, &edge, &format!("edge-{i}")).await;
+    }
+    let signer = Signer::start(Path::new(SIGNER_BIN), &prod.env, &[]).await;
+
+    // Both clusters served at once, each signing with its own CA.
+    let (a, b) = tokio::join!(join(&prod, "prod-0", "prod-0"), join(&edge, "edge-0", "edge-0"));
+    let Final::Issued(edge_cert) = b else {
+        panic!("edge: {b:?}\n{}", signer.log())
+    };
+    assert!(matches!(a, Final::Issued(_)), "prod: {a:?}");
+    let key = tests::csr::key(attestation::request::KeyAlgorithm::EcdsaP256).private_key_pem();
+    let edge_node = edge.env.kubeconfig_for_certificate("edge-0", &edge_cert, &key);
+    let whoami = edge.env.kubectl_as(
+        &edge_node,
+        &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"],
+        None,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&whoami.stdout),
+        "system:node:edge-0",
+        "edge's CA signed it"
+    );
+    eventually("two clusters Ready", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"Ready\"}") == 2.0
+    })
+    .await;
+
+    // The edge apiserver goes down: prod is still served; edge is reported unreachable.
+    edge.env.stop_apiserver();
+    assert!(
+        matches!(join(&prod, "prod-1", "prod-1").await, Final::Issued(_)),
+        "prod while edge is down"
+    );
+    eventually("edge Unreachable", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"Unreachable\"}") == 1.0
+    })
+    .await;
+    edge.env.start_apiserver();
+    let back = join(&edge, "edge-1", "edge-1").await;
+    assert!(
+        matches!(back, Final::Issued(_)),
+        "edge after its restart: {back:?}\n{}",
+        signer.log()
+    );
+
+    // Re-keyed: the signer's kubeconfig for edge is replaced by a new certificate.
+    let (cert, key_pem) = edge.env.client_certificate("node-attestation-signer", &[]);
+    let rotated =
+        std::fs::read_to_string(edge.env.kubeconfig_for_certificate("signer-rotated", &cert, &key_pem)).unwrap();
+    apply(
+        &management,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "edge-kubeconfig", "namespace": "team-b"}, "stringData": {"value": rotated}}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        matches!(join(&edge, "edge-2", "edge-2").await, Final::Issued(_)),
+        "edge after re-keying"
+    );
+
+    // A second Cluster with prod's CA: both refused, prod's CSRs wait; removing it resumes prod.
+    let mut copycat = capi::cluster("insecure");
+    copycat["metadata"]["name"] = json!("copycat");
+    copycat["metadata"]["namespace"] = json!("team-c");
+    apply(
+        &management,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-c"}}),
+    )
+    .await;
+    for (name, suffix) in [("copycat-kubeconfig", "prod-kubeconfig"), ("copycat-ca", "prod-ca")] {
+        let mut secret = live::get(
+            &management,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": suffix, "namespace": "team-a"}}),
+        )
+        .await;
+        secret["metadata"] = json!({"name": name, "namespace": "team-c"});
+        apply(&management, &secret).await;
+    }
+    apply(&management, &copycat).await;
+    eventually("both refused for the shared CA", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"SharedCa\"}") == 2.0
+    })
+    .await;
+    file_csr(
+        &prod.bootstrap,
+        "prod-2",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("prod-2", &pid("prod-2")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    assert_eq!(
+        wait_final(&prod.admin, "prod-2", false, Duration::from_secs(4)).await,
+        Final::Pending,
+        "refused cluster: nothing decided"
+    );
+    live::delete(&management, &copycat).await;
+    let resumed = wait_final(&prod.admin, "prod-2", false, WAIT).await;
+    assert!(matches!(resumed, Final::Issued(_)), "prod resumed: {resumed:?}");
+
+    // Removed (opted out): edge's CSRs are left alone.
+    let mut opted_out = capi::cluster("insecure");
+    opted_out["metadata"]["name"] = json!("edge");
+    opted_out["metadata"]["namespace"] = json!("team-b");
+    opted_out["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-authentication"] = json!("false");
+    apply(&management, &opted_out).await;
+    eventually("one cluster left", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"Ready\"}") == 1.0
+    })
+    .await;
+    file_csr(
+        &edge.bootstrap,
+        "edge-3",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("edge-3", &pid("edge-3")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    assert_eq!(
+        wait_final(&edge.admin, "edge-3", false, Duration::from_secs(4)).await,
+        Final::Pending
+    );
+}
+
+async fn approve_as_admin(admin: &Client, name: &str) {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let mut csr = api.get(name).await.unwrap();
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(CertificateSigningRequestCondition {
+            type_: "Approved".into(),
+            status: "True".into(),
+            reason: Some("ManualApproval".into()),
+            message: Some("approved by hand while the signer was down".into()),
+            ..Default::default()
+        });
+    api.replace_subresource("approval", name, &PostParams::default(), &csr)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signer_killed_mid_run_loses_nothing_and_signs_nothing_twice() {
+    let Some(env) = Envtest::start("envtest_fleet (restart)") else {
+        return;
+    };
+    env.install_capi_crds();
+    let management = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &management, "team-a", "prod", "insecure").await;
+    const N: usize = 30;
+    for i in 0..N {
+        machine(&management, &w, &format!("m-{i}")).await;
+    }
+    machine(&management, &w, "by-hand").await;
+    // Leader election on (the default): the restarted process waits out the dead one's Lease.
+    let mut signer = Signer::start(Path::new(SIGNER_BIN), &w.env, &[]).await;
+    let csrs: Api<CertificateSigningRequest> = Api::all(w.admin.clone());
+
+    let requests: Vec<(String, Vec<u8>)> = (0..N)
+        .map(|i| {
+            (
+                format!("m-{i}"),
+                RequestSpec::kubelet(&format!("m-{i}"), &pid(&format!("m-{i}"))).build(),
+            )
+        })
+        .collect();
+    let filing = requests
+        .iter()
+        .map(|(name, request)| file_csr(&w.bootstrap, name, SIGNER_INSECURE, request, CLIENT_USAGES));
+    futures::future::join_all(filing).await;
+
+    // Kill it as soon as a few are signed: the rest are mid-flight or not yet seen.
+    let mut before: BTreeMap<String, String> = BTreeMap::new();
+    for _ in 0..300 {
+        before = issued(&csrs).await;
+        if before.len() >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signer.kill();
+    before = issued(&csrs).await;
+    assert!(
+        before.len() < N,
+        "the kill came after everything was signed; nothing was tested"
+    );
+
+    // While it is down, an operator approves two CSRs by hand: one that holds, one that does not.
+    file_csr(
+        &w.bootstrap,
+        "by-hand",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("by-hand", &pid("by-hand")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    let bogus = RequestSpec {
+        sans: vec![SanType::DnsName("kubernetes.default".try_into().unwrap())],
+        ..RequestSpec::kubelet("m-0", &pid("m-0"))
+    };
+    file_csr(
+        &w.bootstrap,
+        "bogus-by-hand",
+        SIGNER_INSECURE,
+        &bogus.build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    approve_as_admin(&w.admin, "by-hand").await;
+    approve_as_admin(&w.admin, "bogus-by-hand").await;
+
+    signer.restart();
+    for (name, _) in &requests {
+        let state = wait_final(&w.admin, name, false, Duration::from_secs(60)).await;
+        assert!(matches!(state, Final::Issued(_)), "{name}: {state:?}\n{}", signer.log());
+    }
+    let after = issued(&csrs).await;
+    for (name, cert) in &before {
+        assert_eq!(after.get(name), Some(cert), "{name} was signed again after the restart");
+    }
+    for i in 0..N {
+        let name = format!("m-{i}");
+        let m = live::get(&management, &w.own(capi::machine(&name, None))).await;
+        let claim: Value = serde_json::from_str(
+            m["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let csr = csrs.get(&name).await.unwrap();
+        assert_eq!(
+            claim["csrUID"].as_str(),
+            csr.metadata.uid.as_deref(),
+            "{name} is claimed by its one CSR"
+        );
+    }
+    assert!(
+        matches!(wait_final(&w.admin, "by-hand", false, WAIT).await, Final::Issued(_)),
+        "approved by hand and valid: re-verified and signed"
+    );
+    let failed = wait_final(&w.admin, "bogus-by-hand", false, WAIT).await;
+    assert_eq!(
+        failed.reason(),
+        Some("ForbiddenSAN"),
+        "approved by hand but invalid: Failed, never signed: {failed:?}"
+    );
+    assert!(matches!(failed, Final::Failed(..)));
+}
+
+async fn issued(csrs: &Api<CertificateSigningRequest>) -> BTreeMap<String, String> {
+    csrs.list(&Default::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| match live::state_of(&c) {
+            Final::Issued(pem) => Some((c.metadata.name.unwrap_or_default(), pem)),
+            _ => None,
+        })
+        .collect()
+}
