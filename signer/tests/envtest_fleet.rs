@@ -84,11 +84,11 @@ async fn two_workload_clusters_one_down_re_keyed_removed_and_a_shared_ca_refused
     let management = live::client(&management_env.admin_kubeconfig).await;
     let prod = Workload::register(management_env, &management, "team-a", "prod", "insecure").await;
     let mut edge = Workload::register(edge_env, &management, "team-b", "edge", "insecure").await;
-    for i in 0..4 {
+    for i in 0..5 {
         machine(&management, &prod, &format!("prod-{i}")).await;
         machine(&management, &edge, &format!("edge-{i}")).await;
     }
-    let signer = Signer::start(Path::new(SIGNER_BIN), &prod.env, &[]).await;
+    let signer = Signer::start(Path::new(SIGNER_BIN), &prod.env, &["--csr-max-age", "12s"]).await;
 
     // Both clusters served at once, each signing with its own CA.
     let (a, b) = tokio::join!(join(&prod, "prod-0", "prod-0"), join(&edge, "edge-0", "edge-0"));
@@ -185,6 +185,52 @@ async fn two_workload_clusters_one_down_re_keyed_removed_and_a_shared_ca_refused
     live::delete(&management, &copycat).await;
     let resumed = wait_final(&prod.admin, "prod-2", false, WAIT).await;
     assert!(matches!(resumed, Final::Issued(_)), "prod resumed: {resumed:?}");
+
+    // prod's CA Secret disappears: a transient gap. CSRs wait (nothing claimed), are signed
+    // once it is back, and are denied Expired when it stays away past --csr-max-age.
+    let ca_secret =
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "prod-ca", "namespace": "team-a"}});
+    let saved = live::get(&management, &ca_secret).await;
+    live::delete(&management, &ca_secret).await;
+    eventually("prod without a CA", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"SecretsInvalid\"}") == 1.0
+    })
+    .await;
+    file_csr(
+        &prod.bootstrap,
+        "prod-3",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("prod-3", &pid("prod-3")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    assert_eq!(
+        wait_final(&prod.admin, "prod-3", false, Duration::from_secs(3)).await,
+        Final::Pending,
+        "no CA: waits"
+    );
+    let prod3 = live::get(&management, &prod.own(capi::machine("prod-3", None))).await;
+    assert!(
+        prod3["metadata"]["annotations"]
+            .get("cluster.x-k8s.io/kubelet-claim")
+            .is_none(),
+        "nothing claimed without a CA"
+    );
+    let mut restored = saved.clone();
+    restored["metadata"] = json!({"name": "prod-ca", "namespace": "team-a"});
+    apply(&management, &restored).await;
+    assert!(
+        matches!(wait_final(&prod.admin, "prod-3", false, WAIT).await, Final::Issued(_)),
+        "signed once the CA is back"
+    );
+    live::delete(&management, &ca_secret).await;
+    eventually("prod without a CA again", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"SecretsInvalid\"}") == 1.0
+    })
+    .await;
+    let expired = join(&prod, "prod-4", "prod-4").await;
+    assert_eq!(expired.reason(), Some("Expired"), "{expired:?}");
+    apply(&management, &restored).await;
 
     // Removed (opted out): edge's CSRs are left alone.
     let mut opted_out = capi::cluster("insecure");

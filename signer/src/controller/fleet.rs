@@ -22,7 +22,10 @@ use super::workload::{Shared, Worker, cluster_reference};
 /// What a Cluster's Secrets gave.
 struct Credentials {
     client: Client,
-    ca: Arc<ClusterCa>,
+    /// The CA, or why it is unusable. A missing CA is a transient gap (SPEC section 3): the
+    /// worker runs, leaves approvable CSRs pending, and denies them `Expired` after
+    /// `--csr-max-age`.
+    ca: Result<Arc<ClusterCa>, String>,
     /// SHA-256 over the kubeconfig and the CA pair: a change restarts the worker.
     digest: [u8; 32],
 }
@@ -90,7 +93,9 @@ impl Fleet {
         // Two Clusters with one CA: a certificate for either works in both. Refuse both.
         let mut by_ca: HashMap<[u8; 32], Vec<String>> = HashMap::new();
         for (k, (_, credentials)) in &loaded {
-            by_ca.entry(credentials.ca.fingerprint()).or_default().push(k.clone());
+            if let Ok(ca) = &credentials.ca {
+                by_ca.entry(ca.fingerprint()).or_default().push(k.clone());
+            }
         }
         for sharing in by_ca.values().filter(|keys| keys.len() > 1) {
             for k in sharing {
@@ -115,6 +120,9 @@ impl Fleet {
             }
             let restarting = self.running.remove(&k).is_some();
             tracing::info!(cluster = %k, restarting, "serving workload cluster");
+            if let Err(why) = &credentials.ca {
+                tracing::warn!(cluster = %k, "{why}: approvable CSRs wait, then are denied Expired after --csr-max-age");
+            }
             let worker = Worker::new(&cluster, credentials.client, credentials.ca, Arc::clone(&self.shared));
             let task = tokio::spawn(Arc::clone(&worker).run());
             self.running.insert(
@@ -177,9 +185,16 @@ impl Fleet {
                 .ok_or_else(|| format!("Secret {name} (key {field}) is missing"))
         };
         let kubeconfig = Zeroizing::new(read(kubeconfig_name.clone(), "value").await?);
-        let ca_cert = read(ca_name.clone(), "tls.crt").await?;
-        let ca_key = Zeroizing::new(read(ca_name.clone(), "tls.key").await?);
-        let ca = ClusterCa::from_pem(&ca_cert, &ca_key).map_err(|e| format!("Secret {ca_name}: {e}"))?;
+        let ca_cert = read(ca_name.clone(), "tls.crt").await.unwrap_or_default();
+        let ca_key = Zeroizing::new(read(ca_name.clone(), "tls.key").await.unwrap_or_default());
+        let ca = match (ca_cert.is_empty(), ca_key.is_empty()) {
+            (true, _) | (_, true) => Err(format!(
+                "Secret {ca_name} (keys tls.crt, tls.key) is missing or incomplete"
+            )),
+            _ => ClusterCa::from_pem(&ca_cert, &ca_key)
+                .map(Arc::new)
+                .map_err(|e| format!("Secret {ca_name}: {e}")),
+        };
         let text = std::str::from_utf8(&kubeconfig).map_err(|_| format!("Secret {kubeconfig_name}: not UTF-8"))?;
         let parsed = Kubeconfig::from_yaml(text).map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
         let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
@@ -194,10 +209,6 @@ impl Fleet {
         }
         let mut digest = [0u8; 32];
         digest.copy_from_slice(hasher.finish().as_ref());
-        Ok(Credentials {
-            client,
-            ca: Arc::new(ca),
-            digest,
-        })
+        Ok(Credentials { client, ca, digest })
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use attestation::attestor::Verifiers;
 use attestation::ca::{ClusterCa, Validity};
 use attestation::claim::ClaimState;
-use attestation::decision::{CsrKind, Decision, Issuance, Outcome};
+use attestation::decision::{CsrKind, Decision, DenyReason, Issuance, Outcome};
 use attestation::machine::{ClusterView, NodeView, TargetRef};
 use attestation::names::{GROUP_NODES, NODE_USER_PREFIX};
 use attestation::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup};
@@ -86,7 +86,7 @@ pub struct Worker {
     pub key: String,
     cluster_ref: ObjectReference,
     client: Client,
-    ca: Arc<ClusterCa>,
+    ca: Result<Arc<ClusterCa>, String>,
     shared: Arc<Shared>,
     queue: WorkQueue,
     csrs: Store<CertificateSigningRequest>,
@@ -175,7 +175,12 @@ fn condition(type_: &str, reason: &str, message: &str) -> CertificateSigningRequ
 
 impl Worker {
     /// A worker for `cluster`, talking to its apiserver through `client` and signing with `ca`.
-    pub fn new(cluster: &ClusterView, client: Client, ca: Arc<ClusterCa>, shared: Arc<Shared>) -> Arc<Self> {
+    pub fn new(
+        cluster: &ClusterView,
+        client: Client,
+        ca: Result<Arc<ClusterCa>, String>,
+        shared: Arc<Shared>,
+    ) -> Arc<Self> {
         let (csrs, writer) = reflector::store();
         let capacity = shared.settings.queue_capacity;
         Arc::new(Self {
@@ -193,9 +198,13 @@ impl Worker {
         })
     }
 
-    /// The cluster's state, for metrics.
+    /// The cluster's state, for metrics: a served cluster without a usable CA counts as
+    /// `SecretsInvalid`.
     pub fn state(&self) -> ClusterState {
-        *lock(&self.state)
+        match (*lock(&self.state), &self.ca) {
+            (ClusterState::Ready, Err(_)) => ClusterState::SecretsInvalid,
+            (state, _) => state,
+        }
     }
 
     /// Stops taking work (the tasks end when [`Worker::run`] is aborted).
@@ -352,6 +361,22 @@ impl Worker {
                 self.fail(&csr, &decision, reason.as_str(), message).await
             }
             Outcome::Denied { reason, message } => self.deny(&csr, &decision, reason.as_str(), message).await,
+            Outcome::Approved { .. } if decision.issuance.is_some() && self.ca.is_err() => {
+                // No claim, no approval: nothing is written until the CA can sign.
+                let why = self.ca.as_ref().err().cloned().unwrap_or_default();
+                if now - first_seen > self.shared.settings.csr_max_age {
+                    let message = format!("still pending after --csr-max-age: {why}");
+                    if approved_already {
+                        self.fail(&csr, &decision, DenyReason::Expired.as_str(), &message).await
+                    } else {
+                        self.deny(&csr, &decision, DenyReason::Expired.as_str(), &message).await
+                    }
+                } else {
+                    self.count(&csr, "Retry", "Pending");
+                    self.retry(&csr, &why);
+                    Ok(())
+                }
+            }
             Outcome::Approved { reason, message } => {
                 self.approve(&csr, &object, &decision, reason, message, approved_already)
                     .await
@@ -522,7 +547,8 @@ impl Worker {
             requested_seconds: object.expiration_seconds,
             max: self.shared.settings.client_cert_duration,
         };
-        let certificate = match self.ca.issue(&issuance.csr, &issuance.provider_id, validity) {
+        let ca = self.ca.as_ref().map_err(|why| ApplyError::Transient(why.clone()))?;
+        let certificate = match ca.issue(&issuance.csr, &issuance.provider_id, validity) {
             Ok(c) => c,
             Err(e) => return Err(ApplyError::Transient(format!("cannot sign with the cluster CA: {e}"))),
         };

@@ -43,6 +43,10 @@ struct Args {
     /// Further opted-in clusters, all served by one extra, quiet apiserver.
     #[arg(long, default_value_t = 0)]
     idle_clusters: usize,
+    /// Share of the CSRs going to the first cluster (the rest are spread evenly): 0.9 floods
+    /// one cluster to show the others are not starved. Default: even.
+    #[arg(long)]
+    flood_share: Option<f64>,
     /// CSRs being filed at once.
     #[arg(long, default_value_t = 32)]
     parallel: usize,
@@ -151,8 +155,15 @@ async fn main() {
         kc["metadata"]["name"] = json!("shared-kc");
         apply(&management, &kc).await;
     }
+    let flooded = args
+        .flood_share
+        .map_or(0, |share| ((args.csrs as f64) * share.clamp(0.0, 1.0)).round() as usize);
     let creations = (0..args.csrs).map(|n| {
-        let i = n % clusters;
+        let i = match (n < flooded, clusters) {
+            (true, _) | (_, 1) => 0,
+            (false, _) if args.flood_share.is_some() => 1 + n % (clusters - 1),
+            _ => n % clusters,
+        };
         let w = &loaded[i];
         let name = format!("n-{n}");
         let mut machine = w.own(capi::machine(&name, Some(&format!("load:///{i}/{name}"))));
