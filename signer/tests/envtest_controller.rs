@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::csr::{RequestSpec, subject};
 use tests::envtest::Envtest;
-use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
+use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, wait_final};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -50,13 +50,6 @@ fn issued(state: &Final, what: &str) -> String {
 
 fn denied(state: &Final, reason: &str, what: &str) {
     assert_eq!(state.reason(), Some(reason), "{what}: {state:?}");
-}
-
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
-use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
+use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, wait_final};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -49,13 +49,6 @@ async fn join(w: &Workload, csr: &str, node: &str) -> Final {
     )
     .await;
     wait_final(&w.admin, csr, false, WAIT).await
-}
-
-fn metric(text: &str, prefix: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 async fn eventually(what: &str, signer: &Signer, mut check: impl FnMut(&str) -> bool) {

@@ -41,15 +41,31 @@ fn resource(object: &Value) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
 }
 
-/// Server-side applies `object` (JSON, any kind) and then merges its `status`, as controllers
-/// would write it.
-pub async fn apply(client: &Client, object: &Value) -> Value {
+/// The namespaced or cluster-wide API of `object`'s kind.
+fn dynamic_api(client: &Client, object: &Value) -> (Api<DynamicObject>, String) {
     let resource = resource(object);
-    let name = object["metadata"]["name"].as_str().expect("name");
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+    let name = object["metadata"]["name"].as_str().expect("name").to_owned();
+    let api = match object["metadata"]["namespace"].as_str() {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
         None => Api::all_with(client.clone(), &resource),
     };
+    (api, name)
+}
+
+/// The sum of the samples of a metric whose line starts with `prefix` (name and labels) in a
+/// Prometheus text exposition.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Server-side applies `object` (JSON, any kind) and then merges its `status`, as controllers
+/// would write it.
+pub async fn apply(client: &Client, object: &Value) -> Value {
+    let (api, name) = dynamic_api(client, object);
+    let name = name.as_str();
     let mut body = object.clone();
     if let Some(meta) = body["metadata"].as_object_mut() {
         for owned in ["uid", "resourceVersion", "creationTimestamp"] {
@@ -73,23 +89,15 @@ pub async fn apply(client: &Client, object: &Value) -> Value {
 
 /// Deletes `object` if present.
 pub async fn delete(client: &Client, object: &Value) {
-    let resource = resource(object);
-    let name = object["metadata"]["name"].as_str().expect("name");
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
+    let (api, name) = dynamic_api(client, object);
+    let name = name.as_str();
     let _ = api.delete(name, &Default::default()).await;
 }
 
 /// Reads an object back.
 pub async fn get(client: &Client, object: &Value) -> Value {
-    let resource = resource(object);
-    let name = object["metadata"]["name"].as_str().expect("name");
-    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
-    };
+    let (api, name) = dynamic_api(client, object);
+    let name = name.as_str();
     serde_json::to_value(api.get(name).await.unwrap_or_else(|e| panic!("get {name}: {e}"))).expect("JSON")
 }
 

@@ -356,21 +356,14 @@ impl Worker {
                 self.retry(&csr, message);
                 Ok(())
             }
-            Outcome::Denied { reason, message } if approved_already => {
-                // An approved CSR that no longer holds: Failed, never Denied (the API refuses both).
-                self.fail(&csr, &decision, reason.as_str(), message).await
-            }
-            Outcome::Denied { reason, message } => self.deny(&csr, &decision, reason.as_str(), message).await,
+            Outcome::Denied { reason, message } => self.refuse(&csr, &decision, reason.as_str(), message).await,
             Outcome::Approved { .. } if decision.issuance.is_some() && self.ca.is_err() => {
                 // No claim, no approval: nothing is written until the CA can sign.
                 let why = self.ca.as_ref().err().cloned().unwrap_or_default();
                 if now - first_seen > self.shared.settings.csr_max_age {
                     let message = format!("still pending after --csr-max-age: {why}");
-                    if approved_already {
-                        self.fail(&csr, &decision, DenyReason::Expired.as_str(), &message).await
-                    } else {
-                        self.deny(&csr, &decision, DenyReason::Expired.as_str(), &message).await
-                    }
+                    self.refuse(&csr, &decision, DenyReason::Expired.as_str(), &message)
+                        .await
                 } else {
                     self.count(&csr, "Retry", "Pending");
                     self.retry(&csr, &why);
@@ -436,7 +429,10 @@ impl Worker {
         Api::all(self.client.clone())
     }
 
-    async fn deny(
+    /// Refuses `csr`: `Denied` through `/approval` (with the decision's CSR annotations), or,
+    /// when it is already approved, `Failed` through `/status` (the API refuses `Denied` on an
+    /// approved CSR). Either way it is never signed.
+    async fn refuse(
         &self,
         csr: &CertificateSigningRequest,
         decision: &Decision,
@@ -445,7 +441,8 @@ impl Worker {
     ) -> Result<(), ApplyError> {
         let name = csr.name_any();
         let mut current = csr.clone();
-        if !decision.annotations.is_empty() {
+        let approved = stage(csr) == Stage::Approved;
+        if !approved && !decision.annotations.is_empty() {
             let patch = serde_json::json!({"metadata": {"annotations": decision.annotations}});
             current = self
                 .csr_api()
@@ -453,50 +450,26 @@ impl Worker {
                 .await
                 .map_err(ApplyError::from_kube)?;
         }
-        push_condition(&mut current, condition("Denied", reason, message));
-        self.csr_api()
-            .replace_subresource("approval", &name, &PostParams::default(), &current)
-            .await
-            .map_err(ApplyError::from_kube)?;
-        tracing::info!(reason, message, "denied");
-        self.count(csr, "Denied", reason);
-        self.event(
-            decision,
-            EventType::Warning,
-            "CSRDenied",
-            &format!("CSR {name} denied ({reason}): {message}"),
-        )
-        .await;
-        Ok(())
-    }
-
-    async fn fail(
-        &self,
-        csr: &CertificateSigningRequest,
-        decision: &Decision,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ApplyError> {
-        let name = csr.name_any();
-        let mut current = csr.clone();
-        push_condition(&mut current, condition("Failed", reason, message));
-        self.csr_api()
-            .replace_status(&name, &PostParams::default(), &current)
-            .await
-            .map_err(ApplyError::from_kube)?;
-        tracing::warn!(
-            reason,
-            message,
-            "approved CSR no longer holds: marked Failed, not signed"
-        );
-        self.count(csr, "Failed", reason);
-        self.event(
-            decision,
-            EventType::Warning,
-            "CSRFailed",
-            &format!("CSR {name} was approved but not signed ({reason}): {message}"),
-        )
-        .await;
+        let (condition_type, event_reason, what) = if approved {
+            ("Failed", "CSRFailed", "was approved but is not signed")
+        } else {
+            ("Denied", "CSRDenied", "denied")
+        };
+        push_condition(&mut current, condition(condition_type, reason, message));
+        let written = if approved {
+            self.csr_api()
+                .replace_status(&name, &PostParams::default(), &current)
+                .await
+        } else {
+            self.csr_api()
+                .replace_subresource("approval", &name, &PostParams::default(), &current)
+                .await
+        };
+        written.map_err(ApplyError::from_kube)?;
+        tracing::info!(reason, message, "{what}");
+        self.count(csr, condition_type, reason);
+        let text = format!("CSR {name} {what} ({reason}): {message}");
+        self.event(decision, EventType::Warning, event_reason, &text).await;
         Ok(())
     }
 
@@ -540,7 +513,7 @@ impl Worker {
             return Err(ApplyError::Transient("an approved client CSR without a Machine".into()));
         };
         if let Err(why) = self.recheck_claim(target, object, issuance).await? {
-            return self.fail(&current, decision, "MachineAlreadyClaimed", &why).await;
+            return self.refuse(&current, decision, "MachineAlreadyClaimed", &why).await;
         }
         let validity = Validity {
             now: OffsetDateTime::now_utc(),

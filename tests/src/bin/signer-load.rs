@@ -66,24 +66,14 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn peak_rss_kib(pid: u32) -> Option<u64> {
+/// A `/proc/<pid>/status` figure in KiB: `VmRSS` now, `VmHWM` the peak.
+fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
         .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
+        .next()?
         .parse()
         .ok()
 }
@@ -187,12 +177,7 @@ async fn main() {
     let watched = clusters + args.idle_clusters;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let metrics = signer.metrics();
-        let ready: f64 = metrics
-            .lines()
-            .filter(|l| l.starts_with("node_attestation_clusters{state=\"Ready\"}"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum();
+        let ready = live::metric(&signer.metrics(), "node_attestation_clusters{state=\"Ready\"}");
         if ready as usize >= watched {
             break;
         }
@@ -203,7 +188,7 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let idle_rss = rss_kib(pid).unwrap_or(0);
+    let idle_rss = proc_status_kib(pid, "VmRSS").unwrap_or(0);
     eprintln!(
         "signer watching {watched} clusters, RSS {idle_rss} KiB; filing {} CSRs…",
         args.csrs
@@ -265,7 +250,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let all_in = start.elapsed();
-    let peak = peak_rss_kib(pid).unwrap_or(0);
+    let peak = proc_status_kib(pid, "VmHWM").unwrap_or(0);
     for w in watchers {
         w.abort();
     }
@@ -302,6 +287,22 @@ async fn main() {
         "  max:         {:.0} ms",
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1000.0
     );
+    if clusters > 1 {
+        for i in 0..clusters {
+            let mut own: Vec<Duration> = issued
+                .iter()
+                .filter(|((c, _), _)| *c == i)
+                .filter_map(|(k, at)| Some(at.saturating_duration_since(*filed.get(k)?)))
+                .collect();
+            own.sort();
+            println!(
+                "  cluster c{i}: {} CSRs, p50 {:.0} ms, p99 {:.0} ms",
+                own.len(),
+                percentile(&own, 50.0).as_secs_f64() * 1000.0,
+                percentile(&own, 99.0).as_secs_f64() * 1000.0
+            );
+        }
+    }
     println!(
         "  signer RSS:  {:.1} MiB watching {watched} clusters before load; peak {:.1} MiB",
         idle_rss as f64 / 1024.0,
