@@ -372,6 +372,43 @@ async fn a_signer_killed_mid_run_loses_nothing_and_signs_nothing_twice() {
         "approved by hand but invalid: Failed, never signed: {failed:?}"
     );
     assert!(matches!(failed, Final::Failed(..)));
+
+    // A second replica stands by on the Lease; when the leader dies it takes over.
+    let mut standby = Signer::start(Path::new(SIGNER_BIN), &w.env, &[]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(metric(&signer.metrics(), "node_attestation_leader "), 1.0);
+    assert_eq!(
+        metric(&standby.metrics(), "node_attestation_leader "),
+        0.0,
+        "two leaders"
+    );
+    signer.kill();
+    for i in 0..3 {
+        machine(&management, &w, &format!("late-{i}")).await;
+        let name = format!("late-{i}");
+        file_csr(
+            &w.bootstrap,
+            &name,
+            SIGNER_INSECURE,
+            &RequestSpec::kubelet(&name, &pid(&name)).build(),
+            CLIENT_USAGES,
+        )
+        .await;
+    }
+    for i in 0..3 {
+        let state = wait_final(&w.admin, &format!("late-{i}"), false, Duration::from_secs(60)).await;
+        assert!(
+            matches!(state, Final::Issued(_)),
+            "late-{i} after fail-over: {state:?}\n{}",
+            standby.log()
+        );
+    }
+    assert_eq!(metric(&standby.metrics(), "node_attestation_leader "), 1.0);
+    let end = issued(&csrs).await;
+    for (name, cert) in &after {
+        assert_eq!(end.get(name), Some(cert), "{name} was signed again after the fail-over");
+    }
+    assert!(standby.alive());
 }
 
 async fn issued(csrs: &Api<CertificateSigningRequest>) -> BTreeMap<String, String> {
