@@ -12,6 +12,28 @@ use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client
 pub enum AttestorName {
     /// `insecure/v1`: no evidence; only for infrastructure without a secure mechanism.
     Insecure,
+    /// `tpm/v1`: TPM 2.0 attestation.
+    Tpm,
+}
+
+impl AttestorName {
+    /// The attestor, ready to run.
+    pub fn attestor(self) -> Result<Box<dyn Attestor>> {
+        match self {
+            Self::Insecure => Ok(Box::new(attestation::insecure::InsecureAttestor)),
+            Self::Tpm => anyhow::bail!(
+                "--attestor tpm: this build has no TPM attestor yet (tpm/v1 is not implemented); use --attestor insecure where the Cluster allows it"
+            ),
+        }
+    }
+
+    /// The client signer name this attestor's CSRs go to.
+    pub fn signer_name(self) -> &'static str {
+        match self {
+            Self::Insecure => attestation::names::SIGNER_INSECURE,
+            Self::Tpm => attestation::names::SIGNER_TPM,
+        }
+    }
 }
 
 /// Key type to generate.
@@ -51,9 +73,7 @@ pub struct CsrArgs {
 pub fn run(args: &CsrArgs) -> Result<()> {
     let node_name = NodeName::new(&args.node_name).context("--node-name")?;
     let provider_id = ProviderId::new(&args.provider_id).context("--provider-id")?;
-    let mut attestor: Box<dyn Attestor> = match args.attestor {
-        AttestorName::Insecure => Box::new(attestation::insecure::InsecureAttestor),
-    };
+    let mut attestor = args.attestor.attestor()?;
     let algorithm = match args.key_type {
         KeyType::EcdsaP256 => KeyAlgorithm::EcdsaP256,
         KeyType::EcdsaP384 => KeyAlgorithm::EcdsaP384,

@@ -1,21 +1,42 @@
-//! `kubelet-authenticator`: the node side of attested kubelet identity. See the repository README.
+//! `kubelet-authenticator`: the node side of attested kubelet identity, a client-go exec
+//! credential plugin. See the repository README.
+//!
+//! - exec mode (no subcommand): what kubelet runs; [`exec`].
+//! - `status`, `kubeconfig`: [`report`]; `csr`: an offline request, [`csr`].
 
+mod cert_dir;
 mod csr;
+mod exec;
+mod exec_credential;
+mod obtain;
+mod report;
 mod secret_file;
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kubelet-authenticator", version, about)]
+#[command(
+    name = "kubelet-authenticator",
+    version,
+    about,
+    args_conflicts_with_subcommands = false
+)]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+    #[command(flatten)]
+    exec: exec::ExecArgs,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// What the cert dir holds: subject, provider ID, validity, rotation point, last error.
+    Status,
+    /// Print a kubelet kubeconfig whose user runs this plugin with the given flags.
+    Kubeconfig(report::KubeconfigArgs),
     /// Generate a key and print a complete `spec.request` envelope for it (offline).
     Csr(csr::CsrArgs),
 }
@@ -23,12 +44,26 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Csr(args) => csr::run(args),
+        None => exec::run(&cli.exec),
+        Some(Command::Status) => report::status(&cli.exec),
+        Some(Command::Kubeconfig(args)) => report::kubeconfig(args, &cli.exec),
+        Some(Command::Csr(args)) => csr::run(args).map(|()| String::new()),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(output) => {
+            // One write of the whole text: stdout never holds part of a credential.
+            let mut stdout = std::io::stdout().lock();
+            if stdout
+                .write_all(output.as_bytes())
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return ExitCode::FAILURE;
+            }
+            ExitCode::SUCCESS
+        }
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("kubelet-authenticator: {error:#}");
             ExitCode::FAILURE
         }
     }

@@ -171,6 +171,38 @@ impl Envtest {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A kubelet client certificate for `node` with `provider_id`, for the key `key_pem`, valid
+    /// from `not_before` to `not_after`, signed by the client CA: what the signer would issue,
+    /// with dates of the test's choosing (a certificate already due for renewal, say).
+    pub fn node_certificate(
+        &self,
+        key_pem: &str,
+        node: &str,
+        provider_id: &str,
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> String {
+        let issuer = issuer(&self.client_ca);
+        let key = rcgen::KeyPair::from_pem(key_pem).expect("node key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+        params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
+            attestation::names::PROVIDER_ID_OID,
+            attestation::identity::ProviderId::new(provider_id)
+                .expect("provider ID")
+                .to_extension_value(),
+        ));
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = not_before;
+        params.not_after = not_after;
+        params.signed_by(&key, &issuer).expect("node certificate").pem()
+    }
+
     /// The admin kubeconfig with its token replaced by a bootstrap token `<id>.<secret>`.
     pub fn bootstrap_kubeconfig(&self, token: &str) -> PathBuf {
         let admin = std::fs::read_to_string(&self.admin_kubeconfig).expect("admin kubeconfig");

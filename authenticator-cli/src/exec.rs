@@ -1,0 +1,187 @@
+//! Exec mode, what kubelet runs: answer from the cache when it holds a certificate before its
+//! rotation point; otherwise, under the cert dir's lock, obtain a new one (bootstrap token the
+//! first time, the current certificate for renewals) and answer with it. A failure while the
+//! old certificate is still valid answers with the old one and says why on stderr; stdout only
+//! ever receives one whole `ExecCredential`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use attestation::identity::{NodeName, ProviderId};
+use time::OffsetDateTime;
+
+use crate::cert_dir::{Cached, CertDir, Credential};
+use crate::csr::AttestorName;
+use crate::exec_credential::{ExecApiVersion, exec_credential, parse_exec_info};
+use crate::obtain::{Identity, Issued, Request, client, obtain};
+
+/// Flags of exec mode (and of `status` and `kubeconfig`, which describe it). Every flag also
+/// reads an environment variable.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExecArgs {
+    /// Kubeconfig with the workload apiserver and a bootstrap token.
+    #[arg(
+        long,
+        env = "KUBELET_AUTHENTICATOR_BOOTSTRAP_KUBECONFIG",
+        default_value = "/etc/kubernetes/bootstrap-kubelet.conf"
+    )]
+    pub bootstrap_kubeconfig: PathBuf,
+    /// Where certificates are kept (as kubelet keeps them).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_CERT_DIR", default_value = "/var/lib/kubelet/pki")]
+    pub cert_dir: PathBuf,
+    /// Node name (default: the lower-cased hostname).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The Machine's provider ID.
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_PROVIDER_ID", conflicts_with = "provider_id_file")]
+    pub provider_id: Option<String>,
+    /// A file holding the provider ID (written by the bootstrap provider at boot).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_PROVIDER_ID_FILE")]
+    pub provider_id_file: Option<PathBuf>,
+    /// Attestor.
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_ATTESTOR", value_enum, default_value_t = AttestorName::Tpm)]
+    pub attestor: AttestorName,
+    /// TPM TCTI (for `--attestor tpm`).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = "device:/dev/tpmrm0")]
+    pub tpm_tcti: String,
+    /// Signer name (default: the attestor's).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_SIGNER_NAME")]
+    pub signer_name: Option<String>,
+    /// How long to wait for the certificate.
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Requested certificate lifetime (`spec.expirationSeconds`; at least 10m).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_REQUESTED_DURATION", value_parser = humantime::parse_duration)]
+    pub requested_duration: Option<Duration>,
+}
+
+impl ExecArgs {
+    /// The node name.
+    pub fn node(&self) -> Result<NodeName> {
+        let raw = match &self.node_name {
+            Some(name) => name.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("cannot read the hostname; pass --node-name")?
+                .trim()
+                .to_lowercase(),
+        };
+        NodeName::new(&raw).with_context(|| format!("node name {raw:?}"))
+    }
+
+    /// The provider ID.
+    pub fn provider_id(&self) -> Result<ProviderId> {
+        let raw = match (&self.provider_id, &self.provider_id_file) {
+            (Some(id), _) => id.clone(),
+            (None, Some(file)) => std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read the provider ID from {}", file.display()))?
+                .trim()
+                .to_owned(),
+            (None, None) => bail!("no provider ID: pass --provider-id or --provider-id-file"),
+        };
+        ProviderId::new(&raw).with_context(|| format!("provider ID {raw:?}"))
+    }
+
+    /// The signer name.
+    pub fn signer(&self) -> String {
+        self.signer_name
+            .clone()
+            .unwrap_or_else(|| self.attestor.signer_name().to_owned())
+    }
+}
+
+fn answer(version: ExecApiVersion, credential: &Credential) -> String {
+    exec_credential(version, &credential.cert_pem, &credential.key_pem, credential.rotate_at)
+}
+
+/// Runs exec mode; returns the `ExecCredential` to print.
+pub fn run(args: &ExecArgs) -> Result<String> {
+    let version = parse_exec_info(std::env::var("KUBERNETES_EXEC_INFO").ok().as_deref())?;
+    let node = args.node()?;
+    let provider_id = args.provider_id()?;
+    let dir = CertDir::open(&args.cert_dir)?;
+    let now = OffsetDateTime::now_utc();
+    // The path kubelet pays on every call: no lock, no runtime, no network.
+    if let Cached::Usable(credential) = dir.current(&node, Some(&provider_id), now)
+        && now < credential.rotate_at
+    {
+        return Ok(answer(version, &credential));
+    }
+
+    let _lock = dir.lock()?;
+    // Another invocation may have renewed while this one waited for the lock.
+    let now = OffsetDateTime::now_utc();
+    let cached = match dir.current(&node, Some(&provider_id), now) {
+        Cached::Usable(credential) if now < credential.rotate_at => return Ok(answer(version, &credential)),
+        Cached::Usable(credential) => Some(credential),
+        Cached::Unusable(why) => {
+            eprintln!("kubelet-authenticator: ignoring the cached certificate: {why}; requesting a new one");
+            None
+        }
+        Cached::Missing => None,
+    };
+    match renew(args, &node, &provider_id, cached.as_ref()) {
+        Ok(issued) => {
+            let now = OffsetDateTime::now_utc();
+            let fresh = crate::cert_dir::check(
+                &format!("{}\n{}", issued.cert_pem, issued.key_pem.as_str()),
+                &node,
+                Some(&provider_id),
+                now,
+            )
+            .map_err(|why| {
+                anyhow::anyhow!(
+                    "CSR {} was issued a certificate that is unusable: {why}",
+                    issued.csr_name
+                )
+            })?;
+            dir.store(&fresh.cert_pem, &fresh.key_pem, now)?;
+            dir.clear_error();
+            Ok(answer(version, &fresh))
+        }
+        Err(error) => {
+            dir.record_error(&format!("{error:#}"), OffsetDateTime::now_utc());
+            match cached {
+                Some(old) if OffsetDateTime::now_utc() < old.not_after => {
+                    eprintln!(
+                        "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {error:#}",
+                        old.not_after
+                    );
+                    Ok(answer(version, &old))
+                }
+                _ => Err(error),
+            }
+        }
+    }
+}
+
+fn renew(args: &ExecArgs, node: &NodeName, provider_id: &ProviderId, current: Option<&Credential>) -> Result<Issued> {
+    let mut attestor = args.attestor.attestor()?;
+    let signer = args.signer();
+    let expiration_seconds = args
+        .requested_duration
+        .map(|d| i32::try_from(d.as_secs()).context("--requested-duration is too long"))
+        .transpose()?;
+    let request = Request {
+        node,
+        provider_id,
+        signer_name: &signer,
+        expiration_seconds,
+        timeout: args.timeout,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let identity = match current {
+            Some(c) => Identity::Node {
+                cert_pem: &c.cert_pem,
+                key_pem: &c.key_pem,
+            },
+            None => Identity::Bootstrap,
+        };
+        let client = client(&args.bootstrap_kubeconfig, identity).await?;
+        obtain(&client, &request, attestor.as_mut()).await
+    })
+}

@@ -1,0 +1,167 @@
+//! Getting a certificate: a key, the attested envelope, a CSR filed with the bootstrap
+//! kubeconfig (first time) or the current certificate (renewal), and a watch until the signer
+//! issues, denies or fails it, or the timeout passes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use attestation::attestor::Attestor;
+use attestation::identity::{NodeName, ProviderId};
+use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::api::{ObjectMeta, PostParams};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use zeroize::Zeroizing;
+
+/// What to ask for.
+pub struct Request<'a> {
+    /// The node.
+    pub node: &'a NodeName,
+    /// Its provider ID.
+    pub provider_id: &'a ProviderId,
+    /// The signer name.
+    pub signer_name: &'a str,
+    /// `spec.expirationSeconds`.
+    pub expiration_seconds: Option<i32>,
+    /// How long to wait for the certificate.
+    pub timeout: Duration,
+}
+
+/// A new certificate and its key.
+pub struct Issued {
+    /// Certificate PEM, as the signer wrote it.
+    pub cert_pem: String,
+    /// PKCS#8 key PEM.
+    pub key_pem: Zeroizing<String>,
+    /// The CSR's name, for messages.
+    pub csr_name: String,
+}
+
+/// How the client authenticates.
+pub enum Identity<'a> {
+    /// The bootstrap kubeconfig's own user (a bootstrap token).
+    Bootstrap,
+    /// The node's current certificate and key (a renewal).
+    Node {
+        /// Certificate PEM.
+        cert_pem: &'a str,
+        /// Key PEM.
+        key_pem: &'a str,
+    },
+}
+
+/// A client of the workload apiserver from the bootstrap kubeconfig, as `identity`.
+pub async fn client(bootstrap_kubeconfig: &Path, identity: Identity<'_>) -> Result<Client> {
+    let mut kubeconfig = Kubeconfig::read_from(bootstrap_kubeconfig).with_context(|| {
+        format!(
+            "cannot read the bootstrap kubeconfig {} (--bootstrap-kubeconfig)",
+            bootstrap_kubeconfig.display()
+        )
+    })?;
+    if let Identity::Node { cert_pem, key_pem } = identity {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let user = AuthInfo {
+            client_certificate_data: Some(b64.encode(cert_pem)),
+            client_key_data: Some(b64.encode(key_pem).into()),
+            ..AuthInfo::default()
+        };
+        for named in &mut kubeconfig.auth_infos {
+            named.auth_info = Some(user.clone());
+        }
+    }
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("bootstrap kubeconfig {}", bootstrap_kubeconfig.display()))?;
+    Client::try_from(config).context("cannot build a client for the workload apiserver")
+}
+
+/// Files the CSR and waits for its certificate.
+pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn Attestor) -> Result<Issued> {
+    let key = NodeKey::generate(KeyAlgorithm::EcdsaP256)?;
+    let params = kubelet_client_params(request.node, request.provider_id);
+    let envelope = build_envelope(&params, &key, attestor)?;
+    let csr = CertificateSigningRequest {
+        metadata: ObjectMeta {
+            generate_name: Some("node-csr-".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: k8s_openapi::api::certificates::v1::CertificateSigningRequestSpec {
+            request: k8s_openapi::ByteString(envelope.encode().into_bytes()),
+            signer_name: request.signer_name.to_owned(),
+            usages: Some(vec!["digital signature".to_owned(), "client auth".to_owned()]),
+            expiration_seconds: request.expiration_seconds,
+            ..Default::default()
+        },
+        status: None,
+    };
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let created = api
+        .create(&PostParams::default(), &csr)
+        .await
+        .map_err(|e| explain_api_error(e, "filing the CSR"))?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let wait = async {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher(api.clone(), config).boxed();
+        while let Some(event) = events.next().await {
+            let csr = match event {
+                Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) => csr,
+                Ok(watcher::Event::Delete(_)) => bail!("CSR {name} was deleted before it was issued"),
+                Ok(_) => continue,
+                // Transient watch errors: the watcher relists on its own; keep waiting.
+                Err(_) => continue,
+            };
+            if let Some(done) = outcome(&csr) {
+                return done;
+            }
+        }
+        Err(anyhow!("the watch of CSR {name} ended"))
+    };
+    let cert_pem = tokio::time::timeout(request.timeout, wait).await.map_err(|_| {
+        anyhow!(
+            "timed out after {} waiting for CSR {name} to be issued: is node-attestation-signer serving this cluster?",
+            humantime::format_duration(request.timeout)
+        )
+    })??;
+    Ok(Issued {
+        cert_pem,
+        key_pem: key.private_key_pem(),
+        csr_name: name,
+    })
+}
+
+/// The CSR's end: the certificate, or the denial / failure with its reason and message.
+fn outcome(csr: &CertificateSigningRequest) -> Option<Result<String>> {
+    let status = csr.status.as_ref()?;
+    let name = csr.metadata.name.as_deref().unwrap_or_default();
+    if let Some(conditions) = &status.conditions {
+        for c in conditions {
+            if (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True" {
+                return Some(Err(anyhow!(
+                    "CSR {name} was {}: {}: {}",
+                    if c.type_ == "Denied" { "denied" } else { "marked Failed" },
+                    c.reason.as_deref().unwrap_or("no reason"),
+                    c.message.as_deref().unwrap_or("no message")
+                )));
+            }
+        }
+    }
+    let cert = status.certificate.as_ref().filter(|c| !c.0.is_empty())?;
+    Some(String::from_utf8(cert.0.clone()).map_err(|_| anyhow!("CSR {name}: the certificate is not PEM text")))
+}
+
+fn explain_api_error(error: kube::Error, doing: &str) -> anyhow::Error {
+    match error {
+        kube::Error::Api(status) if status.code == 401 => anyhow!(
+            "{doing}: the workload apiserver refused our credentials (401): the bootstrap token may have expired"
+        ),
+        kube::Error::Api(status) if status.code == 403 => anyhow!("{doing}: forbidden (403): {}", status.message),
+        kube::Error::Api(status) => anyhow!("{doing}: {} ({})", status.message, status.code),
+        other => anyhow!("{doing}: the workload apiserver is unreachable: {other}"),
+    }
+}

@@ -1,0 +1,178 @@
+//! `status` (what the cert dir holds, for a person) and `kubeconfig` (the kubelet kubeconfig
+//! whose user runs this plugin, for image builds).
+
+use std::fmt::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use time::OffsetDateTime;
+
+use crate::cert_dir::{CURRENT, Cached, CertDir};
+use crate::exec::ExecArgs;
+
+/// `status`: subject, provider ID, validity, rotation point, last error.
+pub fn status(args: &ExecArgs) -> Result<String> {
+    let node = args.node()?;
+    let provider_id = args.provider_id().ok();
+    let dir = CertDir::open(&args.cert_dir)?;
+    let now = OffsetDateTime::now_utc();
+    let mut out = String::new();
+    let _ = writeln!(out, "cert dir:      {}", args.cert_dir.display());
+    let _ = writeln!(out, "node:          {}", node.username());
+    let _ = writeln!(out, "signer:        {}", args.signer());
+    match dir.current(&node, provider_id.as_ref(), now) {
+        Cached::Missing => {
+            let _ = writeln!(
+                out,
+                "certificate:   none yet ({CURRENT} is missing): the next call files a CSR"
+            );
+        }
+        Cached::Unusable(why) => {
+            let _ = writeln!(out, "certificate:   UNUSABLE, will be replaced: {why}");
+        }
+        Cached::Usable(c) => {
+            let _ = writeln!(
+                out,
+                "certificate:   {} ({})",
+                c.subject,
+                std::fs::canonicalize(dir.path(CURRENT)).unwrap_or_default().display()
+            );
+            let _ = writeln!(out, "provider ID:   {}", c.provider_id.as_deref().unwrap_or("(none)"));
+            let _ = writeln!(out, "not before:    {}", c.not_before);
+            let _ = writeln!(out, "not after:     {}", c.not_after);
+            let state = if now < c.rotate_at {
+                "cached, answered at once"
+            } else {
+                "due: the next call renews"
+            };
+            let _ = writeln!(out, "rotation at:   {} ({state})", c.rotate_at);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "last error:    {}",
+        dir.last_error()
+            .map_or_else(|| "none".to_owned(), |e| e.trim().to_owned())
+    );
+    Ok(out)
+}
+
+/// Arguments of `kubeconfig`.
+#[derive(Debug, clap::Args)]
+pub struct KubeconfigArgs {
+    /// The workload apiserver URL.
+    #[arg(long)]
+    pub server: String,
+    /// Its CA bundle on the node.
+    #[arg(long)]
+    pub ca_file: PathBuf,
+    /// Where the plugin is installed on the node.
+    #[arg(long, default_value = "/usr/local/bin/kubelet-authenticator")]
+    pub command: PathBuf,
+}
+
+/// `kubeconfig`: a kubelet kubeconfig whose user runs this plugin with `exec`'s flags.
+pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
+    let mut plugin_args: Vec<String> = vec![
+        "--bootstrap-kubeconfig".into(),
+        exec.bootstrap_kubeconfig.display().to_string(),
+        "--cert-dir".into(),
+        exec.cert_dir.display().to_string(),
+        "--attestor".into(),
+        clap::ValueEnum::to_possible_value(&exec.attestor)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default(),
+    ];
+    let mut push = |flag: &str, value: Option<String>| {
+        if let Some(v) = value {
+            plugin_args.push(flag.to_owned());
+            plugin_args.push(v);
+        }
+    };
+    push("--node-name", exec.node_name.clone());
+    push("--provider-id", exec.provider_id.clone());
+    push(
+        "--provider-id-file",
+        exec.provider_id_file.as_ref().map(|p| p.display().to_string()),
+    );
+    push("--signer-name", exec.signer_name.clone());
+    push(
+        "--tpm-tcti",
+        (exec.attestor == crate::csr::AttestorName::Tpm).then(|| exec.tpm_tcti.clone()),
+    );
+    push(
+        "--requested-duration",
+        exec.requested_duration
+            .map(|d| humantime::format_duration(d).to_string()),
+    );
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "default-cluster", "cluster": {
+            "server": args.server,
+            "certificate-authority": args.ca_file.display().to_string()}}],
+        "users": [{"name": "kubelet", "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": args.command.display().to_string(),
+            "args": plugin_args,
+            "interactiveMode": "Never",
+            "provideClusterInfo": false}}}],
+        "contexts": [{"name": "default", "context": {"cluster": "default-cluster", "user": "kubelet"}}],
+        "current-context": "default",
+    });
+    serde_yaml::to_string(&config).context("cannot render the kubeconfig")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Both {
+        #[command(flatten)]
+        exec: ExecArgs,
+        #[command(flatten)]
+        kubeconfig: KubeconfigArgs,
+    }
+
+    #[test]
+    fn the_kubeconfig_runs_the_plugin_with_the_node_flags() {
+        let both = Both::parse_from([
+            "x",
+            "--server",
+            "https://10.0.0.1:6443",
+            "--ca-file",
+            "/etc/kubernetes/pki/ca.crt",
+            "--attestor",
+            "insecure",
+            "--provider-id-file",
+            "/etc/kubernetes/provider-id",
+        ]);
+        let text = kubeconfig(&both.kubeconfig, &both.exec).unwrap();
+        let parsed: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+        let exec = &parsed["users"][0]["user"]["exec"];
+        assert_eq!(exec["command"], "/usr/local/bin/kubelet-authenticator");
+        assert_eq!(exec["apiVersion"], "client.authentication.k8s.io/v1");
+        let args: Vec<&str> = exec["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "--bootstrap-kubeconfig",
+                "/etc/kubernetes/bootstrap-kubelet.conf",
+                "--cert-dir",
+                "/var/lib/kubelet/pki",
+                "--attestor",
+                "insecure",
+                "--provider-id-file",
+                "/etc/kubernetes/provider-id"
+            ]
+        );
+        assert_eq!(parsed["clusters"][0]["cluster"]["server"], "https://10.0.0.1:6443");
+    }
+}
