@@ -93,7 +93,7 @@ pub fn check(
         return Err("needs one CERTIFICATE and one PRIVATE KEY block".into());
     };
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.contents()).map_err(|e| format!("certificate: {e}"))?;
-    let key_text = Zeroizing::new(pem::encode(&key));
+    let key_text = Zeroizing::new(lf_pem(&key));
     let key_pair = rcgen::KeyPair::from_pem(&key_text).map_err(|e| format!("key: {e}"))?;
     if rcgen::PublicKeyData::subject_public_key_info(&key_pair) != parsed.public_key().raw {
         return Err("the key does not match the certificate".into());
@@ -137,7 +137,7 @@ pub fn check(
         return Err(format!("certificate expired at {not_after}"));
     }
     Ok(Credential {
-        cert_pem: pem::encode(&cert),
+        cert_pem: lf_pem(&cert),
         key_pem: key_text,
         subject,
         provider_id: cert_provider_id,
@@ -145,6 +145,11 @@ pub fn check(
         not_before,
         not_after,
     })
+}
+
+/// PEM with `\n` line endings (the `pem` crate writes `\r\n` by default).
+fn lf_pem(block: &pem::Pem) -> String {
+    pem::encode_config(block, pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
 }
 
 /// The cert dir.

@@ -176,3 +176,40 @@ pub fn rcgen_ca(algorithm: &'static rcgen::SignatureAlgorithm) -> (String, Strin
     let cert = params.self_signed(&key).expect("self-signed CA");
     (cert.pem(), key.serialize_pem())
 }
+
+/// An rcgen issuer for `ca`.
+pub fn issuer(ca: &TestCa) -> rcgen::Issuer<'static, rcgen::KeyPair> {
+    let ca_key = rcgen::KeyPair::from_pem(std::str::from_utf8(&ca.key_pem).expect("PEM")).expect("CA key");
+    rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca.cert_pem).expect("PEM"), ca_key).expect("CA")
+}
+
+/// A kubelet client certificate for `node` with `provider_id`, for the key `key_pem`, valid
+/// from `not_before` to `not_after`, signed by `ca`: what the signer would issue, with dates of
+/// the caller's choosing (one already due for renewal, say).
+pub fn node_certificate(
+    ca: &TestCa,
+    key_pem: &str,
+    node: &str,
+    provider_id: &str,
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+) -> String {
+    let key = rcgen::KeyPair::from_pem(key_pem).expect("node key");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, attestation::names::GROUP_NODES);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
+        attestation::names::PROVIDER_ID_OID,
+        attestation::identity::ProviderId::new(provider_id)
+            .expect("provider ID")
+            .to_extension_value(),
+    ));
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.not_before = not_before;
+    params.not_after = not_after;
+    params.signed_by(&key, &issuer(ca)).expect("node certificate").pem()
+}

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ca::{CaKeyFormat, TestCa, openssl_ca};
+use crate::ca::{CaKeyFormat, TestCa, issuer, openssl_ca};
 
 /// A running etcd + kube-apiserver pair on loopback, stopped on drop.
 pub struct Envtest {
@@ -182,25 +182,7 @@ impl Envtest {
         not_before: time::OffsetDateTime,
         not_after: time::OffsetDateTime,
     ) -> String {
-        let issuer = issuer(&self.client_ca);
-        let key = rcgen::KeyPair::from_pem(key_pem).expect("node key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "system:nodes");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-        params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
-            attestation::names::PROVIDER_ID_OID,
-            attestation::identity::ProviderId::new(provider_id)
-                .expect("provider ID")
-                .to_extension_value(),
-        ));
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        params.not_before = not_before;
-        params.not_after = not_after;
-        params.signed_by(&key, &issuer).expect("node certificate").pem()
+        crate::ca::node_certificate(&self.client_ca, key_pem, node, provider_id, not_before, not_after)
     }
 
     /// The admin kubeconfig with its token replaced by a bootstrap token `<id>.<secret>`.
@@ -346,11 +328,6 @@ fn spawn_apiserver(assets: &Path, dir: &Path, args: &[String]) -> Child {
         .stderr(log_file(dir, "apiserver.err"))
         .spawn()
         .expect("start kube-apiserver")
-}
-
-fn issuer(ca: &TestCa) -> rcgen::Issuer<'static, rcgen::KeyPair> {
-    let ca_key = rcgen::KeyPair::from_pem(std::str::from_utf8(&ca.key_pem).expect("PEM")).expect("CA key");
-    rcgen::Issuer::from_ca_cert_pem(std::str::from_utf8(&ca.cert_pem).expect("PEM"), ca_key).expect("CA")
 }
 
 fn etcd_binary(assets: &Path) -> PathBuf {
