@@ -1,6 +1,6 @@
 //! `node-attestation-signer run` against a real kube-apiserver and etcd (`KUBEBUILDER_ASSETS`;
 //! skipped loudly without), with the real Cluster API CRDs, running under exactly the RBAC of
-//! `config/rbac/`. One apiserver plays management and workload cluster here; the
+//! `config/rbac/` and `config/workload/`. One apiserver plays management and workload cluster here; the
 //! multi-cluster and restart suites are in `envtest_fleet.rs`.
 
 #![allow(clippy::unwrap_used)]

@@ -1,4 +1,4 @@
-//! The RBAC manifests in `config/rbac`, applied to a real kube-apiserver and exercised by
+//! The RBAC manifests in `config/rbac` and `config/workload`, applied to a real kube-apiserver and exercised by
 //! impersonating the signer (`KUBEBUILDER_ASSETS`; skipped without it): everything the signer
 //! does is allowed, and the nearest things it must not do are refused.
 
@@ -60,13 +60,15 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "node-attestation-system"}}),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": capi::NAMESPACE}}),
     ]);
-    let rbac = tests::repo_root().join("config/rbac");
-    let out = env.kubectl(&["apply", "--server-side", "-f", rbac.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "apply RBAC: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for kustomization in ["config/rbac", "config/workload"] {
+        let dir = tests::repo_root().join(kustomization);
+        let out = env.kubectl(&["apply", "--server-side", "-k", dir.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "apply {kustomization}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // Workload cluster: approve and sign our signers' CSRs, approve serving ones.
     let spec = RequestSpec::kubelet("worker-0", "aws:///us-east-1a/i-0abc");

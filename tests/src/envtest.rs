@@ -300,6 +300,17 @@ impl Envtest {
         );
     }
 
+    /// A kubeconfig authenticating with a bearer token (a ServiceAccount's, say).
+    pub fn kubeconfig_for_token(&self, name: &str, token: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            kubeconfig(&self.server, &self.client_ca.cert_pem, &format!("token: {token}")),
+        )
+        .expect("write kubeconfig");
+        path
+    }
+
     /// A kubeconfig authenticating with a client certificate and key (PEM).
     pub fn kubeconfig_for_certificate(&self, name: &str, cert_pem: &str, key_pem: &str) -> PathBuf {
         let path = self.dir.path().join(format!("{name}.kubeconfig"));

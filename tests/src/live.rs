@@ -3,7 +3,7 @@
 //!
 //! [`Workload`] turns an [`Envtest`] into an opted-in workload cluster of a management cluster
 //! (possibly itself): the Cluster object, `<cluster>-kubeconfig` for the signer's workload
-//! identity (user `node-attestation-signer`, bound by `config/rbac/workload-cluster.yaml`),
+//! identity (user `node-attestation-signer`, bound by `config/workload/workload-cluster.yaml`),
 //! `<cluster>-ca` (the apiserver's client CA, RSA PKCS#1), and kubeadm's bootstrap token.
 //! [`Signer`] runs `node-attestation-signer run` as a process under the management ServiceAccount's
 //! identity, bound by `config/rbac/management-cluster.yaml`: the suites exercise least privilege.
@@ -132,7 +132,7 @@ impl Workload {
     /// `attestors`), its Secrets and the bootstrap token.
     pub async fn register(env: Envtest, management: &Client, namespace: &str, cluster: &str, attestors: &str) -> Self {
         let admin = client(&env.admin_kubeconfig).await;
-        apply_file(&admin, "config/rbac/workload-cluster.yaml").await;
+        apply_file(&admin, "config/workload/workload-cluster.yaml").await;
         let (cert, key) = env.client_certificate("node-attestation-signer", &[]);
         let signer_kubeconfig = env.kubeconfig_for_certificate(&format!("signer-in-{cluster}"), &cert, &key);
         apply(
@@ -340,6 +340,11 @@ impl Signer {
         apply_file(&admin, "config/rbac/management-cluster.yaml").await;
         let (cert, key) = management.client_certificate(SIGNER_SERVICE_ACCOUNT, &["system:serviceaccounts"]);
         let kubeconfig = management.kubeconfig_for_certificate("signer-management", &cert, &key);
+        Self::run_as(binary, management, &kubeconfig, extra)
+    }
+
+    /// Starts the signer with `kubeconfig` as its management identity, nothing applied first.
+    pub fn run_as(binary: &Path, management: &Envtest, kubeconfig: &Path, extra: &[&str]) -> Self {
         let (metrics, health) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "run".into(),
