@@ -409,6 +409,41 @@ async fn a_signer_killed_mid_run_loses_nothing_and_signs_nothing_twice() {
         assert_eq!(end.get(name), Some(cert), "{name} was signed again after the fail-over");
     }
     assert!(standby.alive());
+
+    // A graceful stop (SIGTERM) releases the Lease instead of leaving it held until it expires;
+    // the standby takes it at its next look.
+    signer.restart();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        metric(&signer.metrics(), "node_attestation_leader "),
+        0.0,
+        "standing by"
+    );
+    let leader_pid = standby.pid().unwrap();
+    standby.terminate();
+    let lease = w.env.kubectl(&[
+        "get",
+        "lease",
+        "node-attestation-signer",
+        "-n",
+        "node-attestation-system",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    let holder = String::from_utf8_lossy(&lease.stdout).into_owned();
+    assert!(
+        !holder.ends_with(&format!("_{leader_pid}")),
+        "the stopped leader still holds the Lease: {holder}"
+    );
+    let stopped = std::time::Instant::now();
+    while metric(&signer.metrics(), "node_attestation_leader ") != 1.0 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(30),
+            "no hand-over after SIGTERM\n{}",
+            signer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn issued(csrs: &Api<CertificateSigningRequest>) -> BTreeMap<String, String> {

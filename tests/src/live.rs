@@ -398,6 +398,14 @@ impl Signer {
         }
     }
 
+    /// SIGTERM, what the kubelet sends, and waits for the process to exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -77,6 +77,7 @@ impl Fleet {
     }
 
     async fn reconcile(&mut self) {
+        let before: Vec<String> = self.problems.keys().chain(self.running.keys()).cloned().collect();
         let opted_in = self.shared.management.clusters.select(|c| c.opted_in);
         let mut loaded: BTreeMap<String, (ClusterView, Credentials)> = BTreeMap::new();
         let mut problems: HashMap<String, (ClusterState, String)> = HashMap::new();
@@ -152,15 +153,12 @@ impl Fleet {
                 }
             }
         }
-        let gone: Vec<String> = self
-            .problems
-            .keys()
-            .chain(self.running.keys())
+        for k in before
+            .iter()
             .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            self.shared.metrics.forget_cluster(&k);
+        {
+            tracing::info!(cluster = %k, "no longer served");
+            self.shared.metrics.forget_cluster(k);
         }
         self.problems = problems;
         self.report();

@@ -53,6 +53,8 @@ pub async fn serve(addr: SocketAddr, endpoints: Endpoints) -> std::io::Result<So
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
+                // Out of file descriptors, say: do not spin.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 continue;
             };
             let endpoints = endpoints.clone();

@@ -195,7 +195,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             .build()
             .await
             .context("cannot set up leader election")?;
-        let (mut channel, _task) = manager.watch().await;
+        let (mut channel, task) = manager.watch().await;
         tracing::info!(
             lease = %format!("{}/{}", args.leader_election_namespace, args.leader_election_id),
             %identity,
@@ -207,7 +207,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
                 .await
                 .context("leader election stopped before this replica led")?;
         }
-        Some(channel)
+        Some((channel, task))
     } else {
         None
     };
@@ -242,7 +242,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
 
     let lost = async {
         match leadership.as_mut() {
-            Some(channel) => loop {
+            Some((channel, _)) => loop {
                 if channel.changed().await.is_err() || !*channel.borrow_and_update() {
                     return;
                 }
@@ -261,6 +261,14 @@ async fn serve(args: &RunArgs) -> Result<()> {
         () = terminated() => {
             tracing::info!("terminated; stopping");
             fleet.abort();
+            // Hand the Lease over now instead of letting a standby wait out its duration.
+            if let Some((channel, task)) = leadership {
+                drop(channel);
+                if let Ok(Ok(Ok(manager))) = tokio::time::timeout(std::time::Duration::from_secs(3), task).await {
+                    let _ = manager.release().await;
+                }
+            }
+            metrics.leader(false);
             Ok(())
         }
     }
