@@ -173,7 +173,8 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
         .map(|b| pem::encode(&b))
         .unwrap();
     let now = time::OffsetDateTime::now_utc();
-    let aging = w.env.node_certificate(
+    let aging = tests::ca::node_certificate(
+        &w.env.client_ca,
         &key_pem,
         "worker-0",
         &pid("worker-0"),

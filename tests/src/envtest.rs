@@ -171,20 +171,6 @@ impl Envtest {
         (cert.pem(), key.serialize_pem())
     }
 
-    /// A kubelet client certificate for `node` with `provider_id`, for the key `key_pem`, valid
-    /// from `not_before` to `not_after`, signed by the client CA: what the signer would issue,
-    /// with dates of the test's choosing (a certificate already due for renewal, say).
-    pub fn node_certificate(
-        &self,
-        key_pem: &str,
-        node: &str,
-        provider_id: &str,
-        not_before: time::OffsetDateTime,
-        not_after: time::OffsetDateTime,
-    ) -> String {
-        crate::ca::node_certificate(&self.client_ca, key_pem, node, provider_id, not_before, not_after)
-    }
-
     /// The admin kubeconfig with its token replaced by a bootstrap token `<id>.<secret>`.
     pub fn bootstrap_kubeconfig(&self, token: &str) -> PathBuf {
         let admin = std::fs::read_to_string(&self.admin_kubeconfig).expect("admin kubeconfig");

@@ -12,12 +12,12 @@ use attestation::ca::ClusterCa;
 use attestation::machine::ClusterView;
 use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use tokio::task::JoinHandle;
 use zeroize::Zeroizing;
 
 use super::metrics::ClusterState;
-use super::workload::{Shared, Worker, cluster_reference};
+use super::workload::{Shared, Worker, cluster_reference, publish};
 
 /// What a Cluster's Secrets gave.
 struct Credentials {
@@ -140,16 +140,17 @@ impl Fleet {
             if self.problems.get(k).map(|(_, w)| w) != Some(why) {
                 tracing::error!(cluster = %k, state = ?state, "{why}");
                 if let Some(cluster) = self.shared.management.clusters.get(k) {
-                    let event = Event {
-                        type_: EventType::Warning,
-                        reason: format!("{state:?}"),
-                        note: Some(attestation::identity::truncate(why, 1000)),
-                        action: "Reconcile".to_owned(),
-                        secondary: None,
-                    };
-                    if let Err(e) = self.shared.recorder.publish(&event, &cluster_reference(&cluster)).await {
-                        tracing::warn!(error = %e, "cannot record an Event on the Cluster");
-                    }
+                    let reason = format!("{state:?}");
+                    let reference = cluster_reference(&cluster);
+                    publish(
+                        &self.shared.recorder,
+                        &reference,
+                        EventType::Warning,
+                        &reason,
+                        "Reconcile",
+                        why,
+                    )
+                    .await;
                 }
             }
         }

@@ -161,6 +161,28 @@ fn note(text: &str) -> String {
     attestation::identity::truncate(text, 1000)
 }
 
+/// Records an Event on `reference`; a failure is logged, never fatal (Events are a report, the
+/// CSR conditions are the record).
+pub async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    text: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note(text)),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, reference).await {
+        tracing::warn!(error = %e, reason, "cannot record an Event");
+    }
+}
+
 fn condition(type_: &str, reason: &str, message: &str) -> CertificateSigningRequestCondition {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     CertificateSigningRequestCondition {
@@ -589,16 +611,7 @@ impl Worker {
             Some(target) => self.target_reference(target),
             None => self.cluster_ref.clone(),
         };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note(text)),
-            action: "Decide".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.shared.recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, "cannot record an Event");
-        }
+        publish(&self.shared.recorder, &reference, type_, reason, "Decide", text).await;
     }
 
     fn target_reference(&self, target: &TargetRef) -> ObjectReference {
@@ -669,16 +682,15 @@ impl Worker {
     }
 
     async fn cluster_event(&self, type_: EventType, reason: &str, text: &str) {
-        let event = Event {
+        publish(
+            &self.shared.recorder,
+            &self.cluster_ref,
             type_,
-            reason: reason.to_owned(),
-            note: Some(note(text)),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.shared.recorder.publish(&event, &self.cluster_ref).await {
-            tracing::warn!(error = %e, "cannot record an Event on the Cluster");
-        }
+            reason,
+            "Reconcile",
+            text,
+        )
+        .await;
     }
 }
 
