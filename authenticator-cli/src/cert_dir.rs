@@ -342,4 +342,28 @@ mod tests {
             "a certificate without the expected provider ID is not this node's"
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// A cache file is local but written by a process that may have crashed, or by someone
+        /// else: any bytes give a verdict, never a panic.
+        #[test]
+        fn any_cache_file_gives_a_verdict(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
+            let text = String::from_utf8_lossy(&bytes);
+            let _ = check(&text, &node(), None, OffsetDateTime::now_utc());
+            let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64_of(&bytes));
+            let _ = check(&pem, &node(), None, OffsetDateTime::now_utc());
+        }
+
+        #[test]
+        fn any_exec_info_gives_a_version_or_an_error(text in ".{0,300}") {
+            let _ = crate::exec_credential::parse_exec_info(Some(&text));
+        }
+    }
+
+    fn base64_of(bytes: &[u8]) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
 }
