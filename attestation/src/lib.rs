@@ -21,6 +21,7 @@ pub mod machine;
 pub mod names;
 pub mod request;
 pub mod rules;
+pub mod tpm;
 
 pub use decision::{Decision, DenyReason, Outcome, Rule, Verdict};
 pub use rules::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup, decide, requested_node_name};

@@ -122,6 +122,27 @@ proptest! {
     }
 
     #[test]
+    fn mutated_tpm_structures_never_panic(which in 0usize..4, mutations in proptest::collection::vec(mutation(), 1..6)) {
+        use attestation::tpm::public::TpmPublic;
+        use attestation::tpm::quote::{Quote, Signature};
+        let vector = |name: &str| std::fs::read(tests::repo_root().join("attestation/testdata/tpm").join(name)).unwrap();
+        let ak = TpmPublic::from_tpm2b(&vector("ak.pub")).unwrap();
+        let original = vector(["ak.pub", "ek.pub", "quote.msg", "quote.sig"][which]);
+        let bytes = apply(original, &mutations);
+        if let Ok(public) = TpmPublic::from_tpm2b(&bytes) {
+            let _ = (public.name(), public.check_attestation_key(), public.canonical_spki());
+        }
+        if let Ok(quote) = Quote::from_attest(&bytes) {
+            let _ = quote.pcr_digest_matches(&[(0, vec![0; 32])]);
+            let _ = Signature::parse(&vector("quote.sig")).map(|s| s.verify(&ak, &quote.signed));
+        }
+        if let Ok(signature) = Signature::parse(&bytes) {
+            // A mutated signature over the original quote verifies only if unchanged in meaning.
+            let _ = signature.verify(&ak, &vector("quote.msg"));
+        }
+    }
+
+    #[test]
     fn a_decision_on_a_mutated_request_is_a_decision(mutations in proptest::collection::vec(mutation(), 1..6), rewrap in any::<bool>()) {
         let request = if rewrap {
             RequestEnvelope { csr_der: mutated_der(&mutations), provider: Some(ProviderVersion::new("insecure", "v1")), data: None }.encode().into_bytes()
