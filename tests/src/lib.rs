@@ -8,6 +8,7 @@ pub mod capi;
 pub mod csr;
 pub mod envtest;
 pub mod live;
+pub mod swtpm;
 
 use std::path::PathBuf;
 

@@ -5,10 +5,12 @@
 //! - [`public`]: `TPM2B_PUBLIC` (EK, AK), the TPM Name, AK attributes, the canonical EK
 //!   SubjectPublicKeyInfo.
 //! - [`quote`]: `TPMS_ATTEST` quotes and `TPMT_SIGNATURE`s, verified under the AK.
+//! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
 //! tpm2-tools (`tpm2_createek`, `tpm2_createak`, `tpm2_quote -q <nonce> -l sha256:0,1,7`).
 
+pub mod credential;
 pub mod public;
 pub mod quote;
 pub mod wire;
