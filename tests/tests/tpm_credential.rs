@@ -109,6 +109,28 @@ fn a_real_tpm_recovers_the_secret_only_for_the_named_ak() {
         "a credential for another AK must not activate: {refused:?}"
     );
 
+    // The EK certificate swtpm_setup wrote into NV chains to swtpm_localca's root.
+    tpm.ok(&["tpm2_nvread", "0x1c00002", "-o", "ekcert.der"]);
+    let localca = std::fs::read_to_string("/etc/swtpm-localca.conf")
+        .ok()
+        .and_then(|conf| {
+            conf.lines()
+                .find_map(|l| l.strip_prefix("statedir = ").map(str::to_owned))
+        })
+        .unwrap_or_else(|| "/var/lib/swtpm-localca".to_owned());
+    let root = std::fs::read(format!("{localca}/swtpm-localca-rootca-cert.pem")).unwrap();
+    let intermediate = pem::parse(std::fs::read(format!("{localca}/issuercert.pem")).unwrap())
+        .unwrap()
+        .into_contents();
+    let trust = attestation::tpm::ek::EkTrust::from_pem(&root).unwrap();
+    let ek_cert = std::fs::read(tpm.path("ekcert.der")).unwrap();
+    assert_eq!(
+        trust.verify(&ek, &ek_cert, &[intermediate]),
+        Ok(()),
+        "the TPM's EK certificate is trusted"
+    );
+    assert!(trust.verify(&ak, &ek_cert, &[]).is_err());
+
     // A tampered blob fails the TPM's integrity check.
     let mut tampered = credential.credential_blob.clone();
     let last = tampered.len() - 1;

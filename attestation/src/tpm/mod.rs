@@ -6,11 +6,13 @@
 //!   SubjectPublicKeyInfo.
 //! - [`quote`]: `TPMS_ATTEST` quotes and `TPMT_SIGNATURE`s, verified under the AK.
 //! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
+//! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
 //! tpm2-tools (`tpm2_createek`, `tpm2_createak`, `tpm2_quote -q <nonce> -l sha256:0,1,7`).
 
 pub mod credential;
+pub mod ek;
 pub mod public;
 pub mod quote;
 pub mod wire;

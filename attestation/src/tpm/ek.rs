@@ -1,0 +1,152 @@
+//! EK trust by certificate chain (`--tpm-ek-ca-bundle`, SPEC section 5).
+//!
+//! The EK certificate must carry the EK of the public area the node sent (compared as key
+//! material, so an `id-RSAES-OAEP` algorithm identifier is tolerated), and chain, through the
+//! node's intermediates, to a certificate of the bundle: signatures and CA constraints are
+//! checked; validity dates are not, since EK chains routinely outlive them. Extensions real EK
+//! certificates carry (a critical subjectAltName with a directoryName, EKU 2.23.133.8.1) are
+//! accepted because nothing here rejects unknown extensions.
+
+use x509_parser::certificate::X509Certificate;
+use x509_parser::prelude::FromDer;
+
+use super::public::TpmPublic;
+
+/// Longest chain followed (leaf, intermediates, root).
+const MAX_DEPTH: usize = 6;
+
+/// Trust anchors for EK certificates.
+#[derive(Debug, Clone, Default)]
+pub struct EkTrust {
+    roots: Vec<Vec<u8>>,
+}
+
+fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
+    match X509Certificate::from_der(der) {
+        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(_) => Err("trailing bytes after a certificate".into()),
+        Err(e) => Err(format!("a certificate does not parse: {e}")),
+    }
+}
+
+fn is_ca(cert: &X509Certificate<'_>) -> bool {
+    matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca)
+}
+
+fn signed_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
+    cert.issuer() == issuer.subject() && cert.verify_signature(Some(issuer.public_key())).is_ok()
+}
+
+impl EkTrust {
+    /// Anchors from a PEM bundle (the `--tpm-ek-ca-bundle` file).
+    pub fn from_pem(bundle: &[u8]) -> Result<Self, String> {
+        let blocks = pem::parse_many(bundle).map_err(|e| format!("the EK CA bundle is not PEM: {e}"))?;
+        let roots: Vec<Vec<u8>> = blocks
+            .into_iter()
+            .filter(|b| b.tag() == "CERTIFICATE")
+            .map(|b| b.into_contents())
+            .collect();
+        if roots.is_empty() {
+            return Err("the EK CA bundle holds no CERTIFICATE".into());
+        }
+        for root in &roots {
+            parse(root).map_err(|e| format!("EK CA bundle: {e}"))?;
+        }
+        Ok(Self { roots })
+    }
+
+    /// Checks that `cert` is `ek`'s certificate and chains to an anchor through
+    /// `intermediates`.
+    pub fn verify(&self, ek: &TpmPublic, cert: &[u8], intermediates: &[Vec<u8>]) -> Result<(), String> {
+        let leaf = parse(cert).map_err(|e| format!("EK certificate: {e}"))?;
+        let expected = ek.canonical_spki().map_err(|e| e.to_string())?;
+        let (_, expected) = x509_parser::x509::SubjectPublicKeyInfo::from_der(&expected)
+            .map_err(|e| format!("canonical EK key: {e}"))?;
+        if leaf.public_key().subject_public_key.data != expected.subject_public_key.data {
+            return Err("the EK certificate is for another key than the EK public area".into());
+        }
+        let intermediates: Vec<X509Certificate<'_>> = intermediates
+            .iter()
+            .map(|der| parse(der).map_err(|e| format!("EK intermediate: {e}")))
+            .collect::<Result<_, _>>()?;
+        let roots: Vec<X509Certificate<'_>> = self.roots.iter().filter_map(|der| parse(der).ok()).collect();
+        let mut current = &leaf;
+        for _ in 0..MAX_DEPTH {
+            if roots.iter().any(|root| {
+                signed_by(current, root) && (is_ca(root) || root.basic_constraints().ok().flatten().is_none())
+            }) {
+                return Ok(());
+            }
+            match intermediates.iter().find(|i| is_ca(i) && signed_by(current, i)) {
+                Some(next) => current = next,
+                None => break,
+            }
+        }
+        Err(format!(
+            "the EK certificate (issuer {}) does not chain to --tpm-ek-ca-bundle",
+            attestation_name(current)
+        ))
+    }
+}
+
+fn attestation_name(cert: &X509Certificate<'_>) -> String {
+    crate::identity::truncate(&cert.issuer().to_string(), 96)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vector(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{}/testdata/tpm/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    }
+
+    fn der_of(pem_name: &str) -> Vec<u8> {
+        pem::parse(vector(pem_name)).unwrap().into_contents()
+    }
+
+    #[test]
+    fn a_swtpm_ek_certificate_chains_through_its_intermediate_to_the_root() {
+        let ek = TpmPublic::from_tpm2b(&vector("ek.pub")).unwrap();
+        let trust = EkTrust::from_pem(&vector("ek-root.pem")).unwrap();
+        assert_eq!(
+            trust.verify(&ek, &vector("ekcert.der"), &[der_of("ek-intermediate.pem")]),
+            Ok(())
+        );
+        // Without the intermediate there is no path.
+        let why = trust.verify(&ek, &vector("ekcert.der"), &[]).unwrap_err();
+        assert!(why.contains("does not chain"), "{why}");
+        // The intermediate itself as the anchor works too.
+        let intermediate = EkTrust::from_pem(&vector("ek-intermediate.pem")).unwrap();
+        assert_eq!(intermediate.verify(&ek, &vector("ekcert.der"), &[]), Ok(()));
+    }
+
+    #[test]
+    fn another_key_an_untrusted_root_or_a_broken_signature_fail() {
+        let ek = TpmPublic::from_tpm2b(&vector("ek.pub")).unwrap();
+        let ak = TpmPublic::from_tpm2b(&vector("ak.pub")).unwrap();
+        let trust = EkTrust::from_pem(&vector("ek-root.pem")).unwrap();
+        let chain = [der_of("ek-intermediate.pem")];
+        let why = trust.verify(&ak, &vector("ekcert.der"), &chain).unwrap_err();
+        assert!(why.contains("another key"), "{why}");
+        let (_, other_root) = rcgen_root();
+        let stranger = EkTrust::from_pem(other_root.as_bytes()).unwrap();
+        assert!(stranger.verify(&ek, &vector("ekcert.der"), &chain).is_err());
+        let mut broken = vector("ekcert.der");
+        let last = broken.len() - 1;
+        broken[last] ^= 1;
+        assert!(trust.verify(&ek, &broken, &chain).is_err());
+        assert!(EkTrust::from_pem(b"not pem").is_err());
+    }
+
+    fn rcgen_root() -> (rcgen::KeyPair, String) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "swtpm-localca-rootca");
+        let cert = params.self_signed(&key).unwrap();
+        (key, cert.pem())
+    }
+}
