@@ -23,7 +23,7 @@ pub struct EkTrust {
 
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     match X509Certificate::from_der(der) {
-        Ok((rest, cert)) if rest.is_empty() => Ok(cert),
+        Ok(([], cert)) => Ok(cert),
         Ok(_) => Err("trailing bytes after a certificate".into()),
         Err(e) => Err(format!("a certificate does not parse: {e}")),
     }
