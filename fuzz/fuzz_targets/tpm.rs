@@ -2,6 +2,7 @@
 //! areas, quotes and signatures. Whatever parses must not panic in what the verifier does next.
 #![no_main]
 
+use attestation::tpm::data::TpmData;
 use attestation::tpm::public::TpmPublic;
 use attestation::tpm::quote::{Quote, Signature};
 use libfuzzer_sys::fuzz_target;
@@ -18,4 +19,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = Quote::from_attest(data);
     let _ = Signature::parse(data);
+    if let Ok(block) = TpmData::parse(data) {
+        // What parses must encode back to the same block.
+        assert_eq!(TpmData::parse(&block.encode()).ok(), Some(block));
+    }
 });

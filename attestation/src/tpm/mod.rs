@@ -7,11 +7,13 @@
 //! - [`quote`]: `TPMS_ATTEST` quotes and `TPMT_SIGNATURE`s, verified under the AK.
 //! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
 //! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
+//! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
 //! tpm2-tools (`tpm2_createek`, `tpm2_createak`, `tpm2_quote -q <nonce> -l sha256:0,1,7`).
 
 pub mod credential;
+pub mod data;
 pub mod ek;
 pub mod public;
 pub mod quote;

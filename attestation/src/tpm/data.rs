@@ -1,0 +1,349 @@
+//! The `tpm/v1` wire contract of SPEC section 5: the DATA block (UTF-8 JSON, binary fields in
+//! standard base64 with padding), the challenge annotation the signer writes on CSR #1, and the
+//! challenge secret, derived and never stored.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use super::wire::WireError;
+
+/// Standard base64 with padding, as the SPEC's table says.
+mod b64 {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+            match bytes {
+                Some(b) => super::serialize(b, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+            #[derive(Deserialize)]
+            struct Wrapped(#[serde(with = "super")] Vec<u8>);
+            Ok(Option::<Wrapped>::deserialize(d)?.map(|w| w.0))
+        }
+    }
+
+    pub mod list {
+        use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+        pub fn serialize<S: Serializer>(items: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+            #[derive(Serialize)]
+            struct Wrapped<'a>(#[serde(with = "super")] &'a Vec<u8>);
+            s.collect_seq(items.iter().map(Wrapped))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<u8>>, D::Error> {
+            #[derive(Deserialize)]
+            struct Wrapped(#[serde(with = "super")] Vec<u8>);
+            Ok(Vec::<Wrapped>::deserialize(d)?.into_iter().map(|w| w.0).collect())
+        }
+    }
+}
+
+/// CSR #1 named by CSR #2.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChallengeRef {
+    /// CSR #1's name.
+    #[serde(rename = "csrName")]
+    pub csr_name: String,
+    /// CSR #1's UID.
+    #[serde(rename = "csrUID")]
+    pub csr_uid: String,
+}
+
+/// The DATA block of a `tpm/v1` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TpmData {
+    /// 1 or 2.
+    pub phase: u8,
+    /// `TPM2B_PUBLIC` of the EK.
+    #[serde(rename = "ekPublic", with = "b64")]
+    pub ek_public: Vec<u8>,
+    /// DER EK certificate from NV.
+    #[serde(
+        rename = "ekCertificate",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "b64::option"
+    )]
+    pub ek_certificate: Option<Vec<u8>>,
+    /// DER intermediates.
+    #[serde(
+        rename = "ekIntermediates",
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "b64::list"
+    )]
+    pub ek_intermediates: Vec<Vec<u8>>,
+    /// `TPM2B_PUBLIC` of the AK.
+    #[serde(rename = "akPublic", with = "b64")]
+    pub ak_public: Vec<u8>,
+    /// `TPM2B_ATTEST` of the quote.
+    #[serde(with = "b64")]
+    pub quote: Vec<u8>,
+    /// `TPMT_SIGNATURE` over it.
+    #[serde(with = "b64")]
+    pub signature: Vec<u8>,
+    /// PCR values, informational in v1: `{"sha256": {"0": "<hex>"}}`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pcrs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Phase 2: CSR #1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<ChallengeRef>,
+}
+
+/// Largest DATA block read (the envelope caps the request at 64 KiB anyway).
+const MAX_DATA: usize = 48 * 1024;
+
+impl TpmData {
+    /// Parses a DATA block; phase and challenge must agree.
+    pub fn parse(data: &[u8]) -> Result<Self, WireError> {
+        if data.len() > MAX_DATA {
+            return Err(WireError::Invalid(format!("DATA block of {} bytes", data.len())));
+        }
+        let parsed: Self = serde_json::from_slice(data).map_err(|e| WireError::Invalid(format!("tpm/v1 DATA: {e}")))?;
+        match (parsed.phase, &parsed.challenge) {
+            (1, None) | (2, Some(_)) => Ok(parsed),
+            (1, Some(_)) => Err(WireError::Invalid("phase 1 carries no challenge".into())),
+            (2, None) => Err(WireError::Invalid("phase 2 must name CSR #1 in challenge".into())),
+            (other, _) => Err(WireError::Invalid(format!("phase {other} (1 or 2)"))),
+        }
+    }
+
+    /// The block's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The annotation the signer writes on CSR #1: `cluster.x-k8s.io/tpm-credential-challenge`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChallengeAnnotation {
+    /// RFC 3339, second precision.
+    #[serde(rename = "issuedAt")]
+    pub issued_at: String,
+    /// `TPM2B_ID_OBJECT`.
+    #[serde(rename = "credentialBlob", with = "b64")]
+    pub credential_blob: Vec<u8>,
+    /// `TPM2B_ENCRYPTED_SECRET`.
+    #[serde(rename = "encryptedSecret", with = "b64")]
+    pub encrypted_secret: Vec<u8>,
+}
+
+/// What the challenge secret is bound to (SPEC section 5).
+#[derive(Debug, Clone, Copy)]
+pub struct ChallengeBinding<'a> {
+    /// The Cluster's UID.
+    pub cluster_uid: &'a str,
+    /// CSR #1's UID.
+    pub csr_uid: &'a str,
+    /// SHA-256 of the CSR's SubjectPublicKeyInfo DER.
+    pub spki_sha256: &'a [u8; 32],
+    /// The AK's TPM Name.
+    pub ak_name: &'a [u8],
+    /// The EK hash (lowercase hex of the canonical SPKI's SHA-256).
+    pub ek_sha256: &'a str,
+    /// When the challenge was issued (whole seconds).
+    pub issued_at: OffsetDateTime,
+}
+
+/// `HMAC-SHA256(K, cluster UID || CSR #1 UID || SHA-256(SPKI) || AK name || EK hash ||
+/// issuedAt)`, each field length-prefixed (u32 big-endian) so no two bindings share an input.
+/// `K` lives in a management-cluster Secret: the secret survives restarts, is the same on every
+/// replica, and no reader of CSRs can compute it.
+pub fn challenge_secret(key: &[u8], binding: &ChallengeBinding<'_>) -> [u8; 32] {
+    let hmac_key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    let mut ctx = aws_lc_rs::hmac::Context::with_key(&hmac_key);
+    let issued = binding
+        .issued_at
+        .replace_nanosecond(0)
+        .unwrap_or(binding.issued_at)
+        .format(&Rfc3339)
+        .unwrap_or_default();
+    for field in [
+        binding.cluster_uid.as_bytes(),
+        binding.csr_uid.as_bytes(),
+        binding.spki_sha256.as_slice(),
+        binding.ak_name,
+        binding.ek_sha256.as_bytes(),
+        issued.as_bytes(),
+    ] {
+        ctx.update(&(field.len() as u32).to_be_bytes());
+        ctx.update(field);
+    }
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.sign().as_ref());
+    out
+}
+
+/// Phase 2's quote binding: `SHA-256(SPKI DER || secret)`.
+pub fn phase_two_extra_data(spki_der: &[u8], secret: &[u8]) -> [u8; 32] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    ctx.update(spki_der);
+    ctx.update(secret);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// Decodes standard base64 (for callers holding annotation text).
+pub fn decode_b64(text: &str) -> Result<Vec<u8>, WireError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text.as_bytes())
+        .map_err(|e| WireError::Invalid(format!("base64: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(phase: u8) -> TpmData {
+        TpmData {
+            phase,
+            ek_public: vec![0, 1, 2],
+            ek_certificate: Some(vec![3]),
+            ek_intermediates: vec![vec![4], vec![5, 6]],
+            ak_public: vec![7],
+            quote: vec![8],
+            signature: vec![9],
+            pcrs: BTreeMap::from([("sha256".into(), BTreeMap::from([("0".into(), "00".repeat(32))]))]),
+            challenge: (phase == 2).then(|| ChallengeRef {
+                csr_name: "node-csr-1".into(),
+                csr_uid: "u-1".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn data_blocks_round_trip_with_padded_base64() {
+        for phase in [1, 2] {
+            let data = sample(phase);
+            let bytes = data.encode();
+            assert_eq!(TpmData::parse(&bytes).unwrap(), data);
+            let text = String::from_utf8(bytes).unwrap();
+            assert!(text.contains(r#""ekPublic":"AAEC""#), "{text}");
+            assert!(text.contains(r#""ekIntermediates":["BA==","BQY="]"#), "{text}");
+        }
+    }
+
+    #[test]
+    fn phases_unknown_fields_and_bad_base64_are_refused() {
+        let mut one = serde_json::to_value(sample(1)).unwrap();
+        one["challenge"] = serde_json::json!({"csrName": "x", "csrUID": "y"});
+        assert!(
+            TpmData::parse(one.to_string().as_bytes()).is_err(),
+            "phase 1 with a challenge"
+        );
+        let mut two = serde_json::to_value(sample(2)).unwrap();
+        two.as_object_mut().unwrap().remove("challenge");
+        assert!(
+            TpmData::parse(two.to_string().as_bytes()).is_err(),
+            "phase 2 without one"
+        );
+        let mut extra = serde_json::to_value(sample(1)).unwrap();
+        extra["policy"] = serde_json::json!("x");
+        assert!(TpmData::parse(extra.to_string().as_bytes()).is_err(), "unknown field");
+        let mut unpadded = serde_json::to_value(sample(1)).unwrap();
+        unpadded["quote"] = serde_json::json!("CA");
+        assert!(
+            TpmData::parse(unpadded.to_string().as_bytes()).is_err(),
+            "base64 without padding"
+        );
+        let mut three = serde_json::to_value(sample(1)).unwrap();
+        three["phase"] = serde_json::json!(3);
+        assert!(TpmData::parse(three.to_string().as_bytes()).is_err());
+        assert!(TpmData::parse(&vec![b' '; MAX_DATA + 1]).is_err());
+    }
+
+    #[test]
+    fn the_secret_is_bound_to_every_input_and_to_the_key() {
+        let spki = [1u8; 32];
+        let at = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let base = ChallengeBinding {
+            cluster_uid: "c",
+            csr_uid: "u",
+            spki_sha256: &spki,
+            ak_name: b"ak",
+            ek_sha256: "ek",
+            issued_at: at,
+        };
+        let s = challenge_secret(b"key", &base);
+        assert_eq!(s, challenge_secret(b"key", &base), "derived, so recomputable");
+        assert_ne!(s, challenge_secret(b"other key", &base));
+        let other_spki = [2u8; 32];
+        for changed in [
+            ChallengeBinding {
+                cluster_uid: "c2",
+                ..base
+            },
+            ChallengeBinding { csr_uid: "u2", ..base },
+            ChallengeBinding {
+                spki_sha256: &other_spki,
+                ..base
+            },
+            ChallengeBinding {
+                ak_name: b"ak2",
+                ..base
+            },
+            ChallengeBinding {
+                ek_sha256: "ek2",
+                ..base
+            },
+            ChallengeBinding {
+                issued_at: at + time::Duration::seconds(1),
+                ..base
+            },
+            // Field boundaries matter: "c"+"u" must not equal "cu"+"".
+            ChallengeBinding {
+                cluster_uid: "cu",
+                csr_uid: "",
+                ..base
+            },
+        ] {
+            assert_ne!(s, challenge_secret(b"key", &changed));
+        }
+        assert_ne!(
+            phase_two_extra_data(b"spki", &s),
+            phase_two_extra_data(b"spki", &[0; 32])
+        );
+    }
+
+    #[test]
+    fn the_annotation_has_the_specs_field_names() {
+        let a = ChallengeAnnotation {
+            issued_at: "2026-11-22T10:00:00Z".into(),
+            credential_blob: vec![1],
+            encrypted_secret: vec![2],
+        };
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(
+            text,
+            r#"{"issuedAt":"2026-11-22T10:00:00Z","credentialBlob":"AQ==","encryptedSecret":"Ag=="}"#
+        );
+        assert_eq!(serde_json::from_str::<ChallengeAnnotation>(&text).unwrap(), a);
+    }
+}
