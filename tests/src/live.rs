@@ -8,6 +8,7 @@
 //! [`Signer`] runs `node-attestation-signer run` as a process under the management ServiceAccount's
 //! identity, bound by `config/rbac/management-cluster.yaml`: the suites exercise least privilege.
 
+use crate::envtest::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -317,13 +318,6 @@ pub struct Signer {
     log: PathBuf,
     /// `http://127.0.0.1:<port>/metrics`
     pub metrics_url: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Signer {

@@ -2,6 +2,7 @@
 //! certificate from `swtpm_localca`, driven with tpm2-tools over the swtpm TCTI. Without the
 //! programs, [`Swtpm::start`] says so loudly and returns `None`, and the suite skips.
 
+use crate::envtest::free_port;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -21,13 +22,6 @@ fn have(program: &str) -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 impl Swtpm {
