@@ -2,6 +2,8 @@
 //! [`Verifier`] runs in the signer and judges it. A new provider is one of each, registered in
 //! [`Verifiers`]; the rule engine and the binaries do not change.
 
+use std::collections::BTreeMap;
+
 use time::OffsetDateTime;
 
 use crate::claim::KubeletClaim;
@@ -28,13 +30,37 @@ pub enum AttestError {
 pub struct AttestationRequest<'a> {
     /// DER SubjectPublicKeyInfo of the CSR key the evidence must bind.
     pub spki_der: &'a [u8],
+    /// The signer's challenge on an earlier CSR, for a provider's second phase.
+    pub challenge: Option<ChallengeAnswer<'a>>,
 }
 
 impl<'a> AttestationRequest<'a> {
     /// Evidence for a CSR with this key.
     pub fn new(spki_der: &'a [u8]) -> Self {
-        Self { spki_der }
+        Self {
+            spki_der,
+            challenge: None,
+        }
     }
+
+    /// Evidence answering the challenge the signer wrote on an earlier CSR.
+    pub fn answering(spki_der: &'a [u8], challenge: ChallengeAnswer<'a>) -> Self {
+        Self {
+            spki_der,
+            challenge: Some(challenge),
+        }
+    }
+}
+
+/// The CSR that carried a challenge, and the challenge (the annotation's value).
+#[derive(Debug, Clone, Copy)]
+pub struct ChallengeAnswer<'a> {
+    /// The challenged CSR's name.
+    pub csr_name: &'a str,
+    /// Its UID.
+    pub csr_uid: &'a str,
+    /// The value of the provider's challenge annotation on it.
+    pub annotation: &'a str,
 }
 
 /// Node side of a provider.
@@ -45,10 +71,52 @@ pub trait Attestor {
     fn signer_name(&self) -> &'static str;
     /// The DATA block for this request, or `None` for a provider that sends none.
     fn attest(&mut self, request: &AttestationRequest<'_>) -> Result<Option<Vec<u8>>, AttestError>;
+    /// The CSR annotation through which the signer challenges this provider's first CSR, for
+    /// two-phase providers: when it appears, the node answers with a second CSR.
+    fn challenge_annotation(&self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// Other CSRs of the same workload cluster, by name: a second-phase request names its first.
+pub trait CsrDirectory {
+    /// The CSR called `name`, if the signer knows it.
+    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject>;
+}
+
+/// No other CSRs (offline use).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoCsrs;
+
+impl CsrDirectory for NoCsrs {
+    fn csr(&self, _name: &str) -> Option<crate::rules::CsrObject> {
+        None
+    }
+}
+
+impl CsrDirectory for [crate::rules::CsrObject] {
+    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
+        self.iter().find(|c| c.name == name).cloned()
+    }
+}
+
+impl CsrDirectory for Vec<crate::rules::CsrObject> {
+    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
+        self.as_slice().csr(name)
+    }
+}
+
+/// A CSR named by name and UID.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CsrRef {
+    /// metadata.name
+    pub name: String,
+    /// metadata.uid
+    pub uid: String,
 }
 
 /// What the verifier is given: the evidence and the facts it may be checked against.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 #[non_exhaustive]
 pub struct Evidence<'a> {
     /// The PROVIDER block (its version is one the verifier listed).
@@ -57,10 +125,10 @@ pub struct Evidence<'a> {
     pub data: Option<&'a [u8]>,
     /// The CSR, already signature-checked.
     pub csr: &'a ParsedCsr,
-    /// The CSR object's name.
-    pub csr_name: &'a str,
-    /// The CSR object's UID.
-    pub csr_uid: &'a str,
+    /// The CSR object (name, UID, requester, annotations).
+    pub object: &'a crate::rules::CsrObject,
+    /// Other CSRs of the workload cluster.
+    pub csrs: &'a dyn CsrDirectory,
     /// The Cluster.
     pub cluster: &'a ClusterView,
     /// EK pins of the Machine or MachinePool.
@@ -81,6 +149,20 @@ pub enum Verification {
         ek_sha256: Option<String>,
         /// What was verified, for the rule's note.
         note: String,
+        /// An earlier CSR this one replaces (TPM phase 1): the signer denies it `Superseded`
+        /// once this one is signed.
+        supersedes: Option<CsrRef>,
+    },
+    /// The evidence holds so far, and the node must now answer a challenge: the CSR stays
+    /// pending, carrying `annotations` (those not already on it), until the answer arrives as
+    /// another CSR or the challenge expires.
+    Challenge {
+        /// Annotations to write on the CSR (empty once written).
+        annotations: BTreeMap<String, String>,
+        /// What was verified and what is awaited.
+        note: String,
+        /// EK hash, as for `Verified`.
+        ek_sha256: Option<String>,
     },
     /// The evidence does not hold.
     Failed {

@@ -94,6 +94,16 @@ impl PoolClaims {
         }
     }
 
+    /// Every decoded record.
+    pub fn records(&self) -> impl Iterator<Item = &KubeletClaim> {
+        match self {
+            Self::Records(r) => Some(r.values()),
+            Self::None | Self::Unreadable(_) => None,
+        }
+        .into_iter()
+        .flatten()
+    }
+
     /// The claim state of one instance.
     pub fn instance(&self, provider_id: &str) -> ClaimState {
         match self {

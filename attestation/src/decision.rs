@@ -254,6 +254,10 @@ pub struct Decision {
     /// The Machine or MachinePool the CSR maps to, for Events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<crate::machine::TargetRef>,
+    /// An earlier CSR this approved one replaces (TPM phase 1): denied `Superseded` once this
+    /// one is signed, never signed itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub supersedes: Option<crate::attestor::CsrRef>,
     /// For an approved client CSR: the verified request, ready for [`crate::ca::ClusterCa::issue`]
     /// without parsing it again.
     #[serde(skip)]

@@ -50,6 +50,7 @@ impl Verifier for InsecureVerifier {
             None => Verification::Verified {
                 ek_sha256: None,
                 note: "insecure/v1: nothing to verify".into(),
+                supersedes: None,
             },
             Some(data) => Verification::Failed {
                 reason: DenyReason::AttestationInvalid,

@@ -23,5 +23,6 @@ pub mod request;
 pub mod rules;
 pub mod tpm;
 
+pub use attestor::{CsrDirectory, NoCsrs};
 pub use decision::{Decision, DenyReason, Outcome, Rule, Verdict};
 pub use rules::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup, decide, requested_node_name};

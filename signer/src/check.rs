@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use attestation::attestor::Verifiers;
 use attestation::ca::{ClusterCa, Validity};
 use attestation::decision::{Decision, Outcome, Verdict};
 use attestation::envelope::RequestEnvelope;
@@ -81,6 +80,23 @@ pub struct CheckArgs {
     /// With a bare PEM: the usages (default: digital signature, client auth).
     #[arg(long = "usage")]
     pub usages: Vec<String>,
+    /// Other CSR objects of the workload cluster (a `tpm/v1` CSR #2 names its CSR #1).
+    #[arg(long = "related-csr")]
+    pub related_csrs: Vec<PathBuf>,
+    /// `tpm/v1`: EK CA bundle (PEM), as the controller's flag.
+    #[arg(long)]
+    pub tpm_ek_ca_bundle: Option<PathBuf>,
+    /// `tpm/v1`: trust an unpinned, unchained EK for an unclaimed Machine.
+    #[arg(long)]
+    pub tpm_trust_on_first_use: bool,
+    /// `tpm/v1`: file holding the challenge key (the `key` of the signer's Secret). Without it
+    /// a random key is used: phase 1 shows the challenge it would issue, and phase 2 cannot
+    /// verify.
+    #[arg(long)]
+    pub tpm_challenge_key: Option<PathBuf>,
+    /// `tpm/v1`: how long a challenge may go unanswered.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tpm_challenge_ttl: std::time::Duration,
 }
 
 /// What `--output json` prints.
@@ -168,12 +184,31 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         first_seen: csr.created.unwrap_or(now),
         max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
     };
-    let verifiers = Verifiers::new().with(attestation::insecure::InsecureVerifier);
+    let challenge_key = match &args.tpm_challenge_key {
+        Some(path) => Zeroizing::new(std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?),
+        None => {
+            let mut key = Zeroizing::new(vec![0u8; 32]);
+            aws_lc_rs::rand::fill(&mut key).map_err(|_| anyhow::anyhow!("no randomness"))?;
+            key
+        }
+    };
+    let verifiers = crate::controller::verifiers(
+        challenge_key.to_vec(),
+        args.tpm_ek_ca_bundle.as_deref(),
+        args.tpm_trust_on_first_use,
+        args.tpm_challenge_ttl,
+    )?;
+    let related = args
+        .related_csrs
+        .iter()
+        .map(|path| csr_file(path))
+        .collect::<Result<Vec<CsrObject>>>()?;
     let inputs = Inputs {
         csr: &csr,
         cluster: &cluster,
         inventory: &inventory,
         nodes: &nodes,
+        csrs: &related,
         verifiers: &verifiers,
         clock,
     };
@@ -203,24 +238,29 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     Ok(matches!(decision.outcome, Outcome::Approved { .. }))
 }
 
+/// A CertificateSigningRequest manifest.
+fn csr_file(path: &Path) -> Result<CsrObject> {
+    let object = read_one(path)?;
+    let kind = object
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .unwrap_or_default()
+        .to_owned();
+    if kind != "CertificateSigningRequest" {
+        bail!(
+            "{} is a {kind:?}, not a CertificateSigningRequest or a PEM request",
+            path.display()
+        );
+    }
+    let csr: CertificateSigningRequest = serde_json::from_value(object)
+        .with_context(|| format!("{} is not a valid certificates.k8s.io/v1 CSR", path.display()))?;
+    Ok(csr_object(&csr))
+}
+
 fn load_csr(args: &CheckArgs, inventory: &Inventory, assumptions: &mut Vec<String>) -> Result<CsrObject> {
     let text = std::fs::read_to_string(&args.csr).with_context(|| format!("cannot read {}", args.csr.display()))?;
     if !text.trim_start().starts_with("-----BEGIN") {
-        let object = read_one(&args.csr)?;
-        let kind = object
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .unwrap_or_default()
-            .to_owned();
-        if kind != "CertificateSigningRequest" {
-            bail!(
-                "{} is a {kind:?}, not a CertificateSigningRequest or a PEM request",
-                args.csr.display()
-            );
-        }
-        let csr: CertificateSigningRequest = serde_json::from_value(object)
-            .with_context(|| format!("{} is not a valid certificates.k8s.io/v1 CSR", args.csr.display()))?;
-        return Ok(csr_object(&csr));
+        return csr_file(&args.csr);
     }
     // A bare spec.request: fill in what a CSR object would carry.
     let provider = RequestEnvelope::parse(text.as_bytes()).ok().and_then(|e| e.provider);
@@ -263,6 +303,7 @@ fn load_csr(args: &CheckArgs, inventory: &Inventory, assumptions: &mut Vec<Strin
         groups,
         expiration_seconds: None,
         created: None,
+        ..CsrObject::default()
     })
 }
 

@@ -21,6 +21,38 @@ pub fn csr_object(csr: &CertificateSigningRequest) -> CsrObject {
             .creation_timestamp
             .as_ref()
             .and_then(|t| OffsetDateTime::from_unix_timestamp_nanos(t.0.as_nanosecond()).ok()),
+        annotations: csr.metadata.annotations.clone().unwrap_or_default(),
+        finished: stage(csr) == Stage::Done,
+    }
+}
+
+/// Where a CSR stands, from its conditions and certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// No decision yet.
+    Pending,
+    /// Approved, no certificate yet.
+    Approved,
+    /// Denied, Failed, or issued: nothing left to do.
+    Done,
+}
+
+pub fn stage(csr: &CertificateSigningRequest) -> Stage {
+    let status = csr.status.as_ref();
+    if status
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+    {
+        return Stage::Done;
+    }
+    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    let has = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    if has("Denied") || has("Failed") {
+        Stage::Done
+    } else if has("Approved") {
+        Stage::Approved
+    } else {
+        Stage::Pending
     }
 }
 

@@ -68,6 +68,7 @@ fn bench(c: &mut Criterion) {
                     cluster: &cluster,
                     inventory: &inventory,
                     nodes: &nodes,
+                    csrs: &attestation::NoCsrs,
                     verifiers: &verifiers,
                     clock,
                 };
@@ -99,6 +100,7 @@ fn bench(c: &mut Criterion) {
                 cluster: &cluster,
                 inventory: &inventory,
                 nodes: &nodes,
+                csrs: &attestation::NoCsrs,
                 verifiers: &verifiers,
                 clock,
             };

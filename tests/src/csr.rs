@@ -137,6 +137,7 @@ pub fn client_csr_object(request: Vec<u8>, token_id: &str) -> CsrObject {
         groups: vec![GROUP_BOOTSTRAPPERS.into(), "system:authenticated".into()],
         expiration_seconds: None,
         created: None,
+        ..CsrObject::default()
     }
 }
 
@@ -152,5 +153,6 @@ pub fn serving_csr_object(request: Vec<u8>, node: &str) -> CsrObject {
         groups: vec![GROUP_NODES.into(), "system:authenticated".into()],
         expiration_seconds: None,
         created: None,
+        ..CsrObject::default()
     }
 }

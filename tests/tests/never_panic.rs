@@ -43,6 +43,7 @@ fn decide(request: Vec<u8>) -> Outcome {
         cluster: &cluster,
         inventory: &inventory,
         nodes: &nodes,
+        csrs: &attestation::NoCsrs,
         verifiers: &verifiers,
         clock: Clock {
             now,

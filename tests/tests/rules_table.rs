@@ -79,6 +79,7 @@ fn verified(ek: &str) -> Verification {
     Verification::Verified {
         ek_sha256: Some(ek.to_owned()),
         note: "fake".into(),
+        supersedes: None,
     }
 }
 
@@ -191,6 +192,7 @@ impl Scenario {
             cluster: &cluster,
             inventory: &inventory,
             nodes: directory,
+            csrs: &attestation::NoCsrs,
             verifiers: &verifiers,
             clock: Clock {
                 now: NOW,

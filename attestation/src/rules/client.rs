@@ -196,6 +196,8 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
 
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
+    let mut supersedes = None;
+    let mut challenge = std::collections::BTreeMap::new();
     book.check_signature(&parsed);
     if let (false, Some((verifier, version)), Some(target), Some(claim)) = (book.any_failed(), verifier, target, &claim)
     {
@@ -203,30 +205,37 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             version,
             data: envelope.data.as_deref(),
             csr: &parsed,
-            csr_name: &csr.name,
-            csr_uid: &csr.uid,
+            object: csr,
+            csrs: inputs.csrs,
             cluster: inputs.cluster,
             ek_pins: target.ek_pins(),
             claim: claim.valid(),
             now: inputs.clock.now,
         };
         match verifier.verify(&evidence) {
-            Verification::Verified { ek_sha256, note } => {
-                let claimed_ek = claim.valid().and_then(|c| c.ek_sha256.as_deref());
-                match claimed_ek {
-                    Some(claimed) if ek_sha256.as_deref() != Some(claimed) => book.fail(
-                        Rule::Attestation,
-                        DenyReason::EndorsementKeyMismatch,
-                        format!(
-                            "EK {} differs from the EK {} on the claim",
-                            ek_sha256.as_deref().unwrap_or("<none>"),
-                            claimed
-                        ),
-                    ),
-                    _ => book.pass(Rule::Attestation, note),
+            Verification::Verified {
+                ek_sha256,
+                note,
+                supersedes: earlier,
+            } => {
+                match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
+                    Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
+                    None => book.pass(Rule::Attestation, note),
                 }
                 verified_ek = ek_sha256;
+                supersedes = earlier;
             }
+            Verification::Challenge {
+                annotations,
+                note,
+                ek_sha256,
+            } => match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
+                Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
+                None => {
+                    book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
+                    challenge = annotations;
+                }
+            },
             Verification::Failed { reason, message } => book.fail(Rule::Attestation, reason, message),
         }
     } else if verifier.is_some() {
@@ -275,6 +284,9 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         );
     }
     decision.target = target.map(|t| t.reference());
+    if let Outcome::Retry { .. } = decision.outcome {
+        decision.annotations.extend(challenge);
+    }
     if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name)) =
         (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref())
     {
@@ -282,12 +294,68 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             let current = claim.as_ref().unwrap_or(&ClaimState::Unclaimed);
             decision.claim = claim_write(inputs, target, current, pid, name, verified_ek);
         }
+        decision.supersedes = supersedes;
         decision.issuance = Some(Issuance {
             csr: parsed,
             provider_id: pid.clone(),
         });
     }
     decision
+}
+
+/// One EK per Machine: the verified EK must be the claim's (when the claim names one), and no
+/// other Machine, MachinePool or pool instance of the Cluster may pin or claim it.
+fn ek_conflict(
+    inputs: &Inputs<'_>,
+    target: Target<'_>,
+    claim: &ClaimState,
+    provider_id: Option<&ProviderId>,
+    ek: Option<&str>,
+) -> Option<(DenyReason, String)> {
+    let ek = ek?;
+    if let Some(claimed) = claim.valid().and_then(|c| c.ek_sha256.as_deref())
+        && claimed != ek
+    {
+        return Some((
+            DenyReason::EndorsementKeyMismatch,
+            format!(
+                "EK {ek} differs from the EK {claimed} on the claim of {}",
+                target.describe()
+            ),
+        ));
+    }
+    let this = target.reference();
+    fn held<'c>(ek: &str, pins: &[String], mut claims: impl Iterator<Item = &'c KubeletClaim>) -> bool {
+        pins.iter()
+            .any(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case(ek)))
+            || claims.any(|c| c.ek_sha256.as_deref() == Some(ek))
+    }
+    let ours = |namespace: &str, cluster: &str| namespace == inputs.cluster.namespace && cluster == inputs.cluster.name;
+    let elsewhere = inputs.inventory.machines.iter().find(|m| {
+        ours(&m.namespace, &m.cluster_name) && m.target() != this && held(ek, &m.ek_pins, m.claim.valid().into_iter())
+    });
+    let holder = elsewhere.map(|m| format!("Machine {}", m.name)).or_else(|| {
+        inputs
+            .inventory
+            .pools
+            .iter()
+            .find(|p| {
+                let same = p.target() == this;
+                // Within the target pool, only the other instances' claims count.
+                let others = p
+                    .claims
+                    .records()
+                    .filter(|c| !same || Some(c.provider_id.as_str()) != provider_id.map(ProviderId::as_str));
+                ours(&p.namespace, &p.cluster_name) && held(ek, if same { &[] } else { &p.ek_pins }, others)
+            })
+            .map(|p| format!("MachinePool {}", p.name))
+    });
+    holder.map(|holder| {
+        (
+            DenyReason::EndorsementKeyMismatch,
+            format!("EK {ek} is pinned to or claimed by {holder}: one EK serves one Machine"),
+        )
+    })
 }
 
 fn check_no_san(book: &mut Book, parsed: &ParsedCsr) {

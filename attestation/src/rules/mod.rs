@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use time::{Duration, OffsetDateTime};
 
-use crate::attestor::Verifiers;
+use crate::attestor::{CsrDirectory, Verifiers};
 use crate::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, RuleOutcome, Verdict};
 use crate::machine::{ClusterView, Inventory, NodeView};
 use crate::names::{SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
@@ -37,6 +37,11 @@ pub struct CsrObject {
     pub expiration_seconds: Option<i64>,
     /// metadata.creationTimestamp
     pub created: Option<OffsetDateTime>,
+    /// metadata.annotations (set by anyone who could create the CSR: trusted only where a
+    /// verifier can check them).
+    pub annotations: BTreeMap<String, String>,
+    /// Denied, Failed, or its certificate issued: nothing more will happen to it.
+    pub finished: bool,
 }
 
 /// Time, as the signer sees it.
@@ -93,6 +98,8 @@ pub struct Inputs<'a> {
     pub inventory: &'a Inventory,
     /// The workload cluster's Nodes.
     pub nodes: &'a dyn NodeDirectory,
+    /// The workload cluster's other CSRs.
+    pub csrs: &'a dyn CsrDirectory,
     /// The attestation verifiers.
     pub verifiers: &'a Verifiers,
     /// The signer's clock.
@@ -266,6 +273,7 @@ impl Book {
             claim: None,
             annotations: BTreeMap::new(),
             target: None,
+            supersedes: None,
             issuance: None,
         }
     }

@@ -8,6 +8,7 @@
 //! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
 //! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
 //! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
+//! - [`verifier`]: [`TpmVerifier`], the two phases put together.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
 //! tpm2-tools (`tpm2_createek`, `tpm2_createak`, `tpm2_quote -q <nonce> -l sha256:0,1,7`).
@@ -17,7 +18,10 @@ pub mod data;
 pub mod ek;
 pub mod public;
 pub mod quote;
+pub mod verifier;
 pub mod wire;
+
+pub use verifier::TpmVerifier;
 
 /// `TPM_ALG_ID` and `TPM_ECC_CURVE` values (TPM 2.0 Part 2, tables 9 and 10).
 pub mod alg {

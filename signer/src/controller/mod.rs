@@ -9,6 +9,7 @@
 //! Decisions are the rule engine's ([`attestation::decide`]); this module only fetches their
 //! inputs and applies their results.
 
+pub mod challenge_key;
 pub mod fleet;
 pub mod http;
 pub mod management;
@@ -84,6 +85,44 @@ pub struct RunArgs {
     /// Timeout of workload-cluster requests.
     #[arg(long, env = "SIGNER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: std::time::Duration,
+    /// `tpm/v1`: PEM bundle of EK CA certificates; an EK whose certificate chains to one is
+    /// trusted (validity dates are not enforced). Without it only pinned or claimed EKs are.
+    #[arg(long, env = "SIGNER_TPM_EK_CA_BUNDLE")]
+    pub tpm_ek_ca_bundle: Option<PathBuf>,
+    /// `tpm/v1`: accept an EK with neither chain nor pin for an unclaimed Machine (it is then
+    /// recorded in the claim and required from then on).
+    #[arg(long, env = "SIGNER_TPM_TRUST_ON_FIRST_USE")]
+    pub tpm_trust_on_first_use: bool,
+    /// `tpm/v1`: Secret (in the signer's namespace) holding the key challenge secrets are
+    /// derived under; created when missing.
+    #[arg(
+        long,
+        env = "SIGNER_TPM_CHALLENGE_KEY_SECRET",
+        default_value = "node-attestation-signer-tpm-challenge"
+    )]
+    pub tpm_challenge_key_secret: String,
+    /// `tpm/v1`: how long a challenge may go unanswered.
+    #[arg(long, env = "SIGNER_TPM_CHALLENGE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tpm_challenge_ttl: std::time::Duration,
+}
+
+/// The verifiers: `insecure/v1`, and `tpm/v1` configured from the flags and `challenge_key`.
+pub fn verifiers(
+    challenge_key: Vec<u8>,
+    ek_ca_bundle: Option<&std::path::Path>,
+    trust_on_first_use: bool,
+    challenge_ttl: std::time::Duration,
+) -> Result<Verifiers> {
+    let mut tpm = attestation::tpm::TpmVerifier::new(challenge_key)?
+        .with_trust_on_first_use(trust_on_first_use)
+        .with_challenge_ttl(time::Duration::try_from(challenge_ttl).context("--tpm-challenge-ttl is too large")?);
+    if let Some(path) = ek_ca_bundle {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read --tpm-ek-ca-bundle {}", path.display()))?;
+        let trust = attestation::tpm::ek::EkTrust::from_pem(&pem)
+            .map_err(|e| anyhow::anyhow!("--tpm-ek-ca-bundle {}: {e}", path.display()))?;
+        tpm = tpm.with_ek_trust(trust);
+    }
+    Ok(Verifiers::new().with(attestation::insecure::InsecureVerifier).with(tpm))
 }
 
 fn init_logging(format: LogFormat) {
@@ -214,6 +253,18 @@ async fn serve(args: &RunArgs) -> Result<()> {
     metrics.leader(true);
     tracing::info!(%identity, "leading: serving opted-in clusters");
 
+    let challenge_key = challenge_key::load_or_create(
+        client.clone(),
+        &args.leader_election_namespace,
+        &args.tpm_challenge_key_secret,
+    )
+    .await?;
+    let verifiers = verifiers(
+        challenge_key,
+        args.tpm_ek_ca_bundle.as_deref(),
+        args.tpm_trust_on_first_use,
+        args.tpm_challenge_ttl,
+    )?;
     let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
     let shared = Arc::new(workload::Shared {
         management,
@@ -225,7 +276,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
                 instance: Some(identity),
             },
         ),
-        verifiers: Verifiers::new().with(attestation::insecure::InsecureVerifier),
+        verifiers,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
         settings: workload::Settings {
             client_cert_duration: time::Duration::try_from(args.client_cert_duration)

@@ -37,7 +37,7 @@ use tracing::Instrument;
 use super::management::{ApplyError, Backoff, Management};
 use super::metrics::{ClusterState, DecisionLabels, Metrics};
 use super::queue::{Pushed, WorkQueue};
-use crate::csr_object::csr_object;
+use crate::csr_object::{Stage, csr_object, stage};
 
 /// kubeadm's binding that lets any bootstrap-token holder get a node identity from
 /// kube-controller-manager, bypassing this signer.
@@ -100,33 +100,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Where a CSR stands, from its conditions and certificate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// No decision yet.
-    Pending,
-    /// Approved, no certificate yet.
-    Approved,
-    /// Denied, Failed, or issued: nothing left to do.
-    Done,
-}
+/// The workload cluster's CSRs, from the watch cache.
+struct StoreCsrs<'a>(&'a Store<CertificateSigningRequest>);
 
-fn stage(csr: &CertificateSigningRequest) -> Stage {
-    let status = csr.status.as_ref();
-    if status
-        .and_then(|s| s.certificate.as_ref())
-        .is_some_and(|c| !c.0.is_empty())
-    {
-        return Stage::Done;
-    }
-    let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or_default();
-    let has = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
-    if has("Denied") || has("Failed") {
-        Stage::Done
-    } else if has("Approved") {
-        Stage::Approved
-    } else {
-        Stage::Pending
+impl attestation::CsrDirectory for StoreCsrs<'_> {
+    fn csr(&self, name: &str) -> Option<CsrObject> {
+        self.0.get(&ObjectRef::new(name)).map(|c| csr_object(&c))
     }
 }
 
@@ -356,6 +335,7 @@ impl Worker {
                 cluster: &cluster,
                 inventory: &inventory,
                 nodes: &nodes,
+                csrs: &StoreCsrs(&self.csrs),
                 verifiers: &self.shared.verifiers,
                 clock: Clock {
                     now,
@@ -373,6 +353,9 @@ impl Worker {
         }
         let approved_already = stage(&csr) == Stage::Approved;
         let result = match &decision.outcome {
+            Outcome::Retry { message } if !decision.annotations.is_empty() => {
+                self.challenge(&csr, &decision, message).await
+            }
             Outcome::Retry { message } => {
                 self.count(&csr, "Retry", "Pending");
                 self.retry(&csr, message);
@@ -559,6 +542,9 @@ impl Worker {
                 .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
         }
         tracing::info!(reason, not_after = %certificate.not_after, "approved and signed");
+        if let Some(earlier) = &decision.supersedes {
+            self.supersede(earlier, &name, decision).await;
+        }
         self.event(
             decision,
             EventType::Normal,
@@ -570,6 +556,59 @@ impl Worker {
         )
         .await;
         Ok(())
+    }
+
+    /// Writes a verifier's challenge on the CSR (with the resourceVersion it was decided on, so
+    /// two replicas or workers never write two) and looks again when it may have expired.
+    async fn challenge(
+        &self,
+        csr: &CertificateSigningRequest,
+        decision: &Decision,
+        message: &str,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": csr.resource_version(),
+            "annotations": decision.annotations,
+        }});
+        self.csr_api()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(ApplyError::from_kube)?;
+        tracing::info!(message, "challenged");
+        self.count(csr, "Challenged", "Pending");
+        self.event(
+            decision,
+            EventType::Normal,
+            "CSRChallenged",
+            &format!("CSR {name} challenged: {message}"),
+        )
+        .await;
+        self.retry(csr, message);
+        Ok(())
+    }
+
+    /// Denies the CSR an approved one replaced (TPM CSR #1 once CSR #2 is signed), unless it
+    /// is already finished; it is never signed.
+    async fn supersede(&self, earlier: &attestation::attestor::CsrRef, by: &str, decision: &Decision) {
+        let Some(first) = self.csrs.get(&ObjectRef::new(&earlier.name)) else {
+            return;
+        };
+        if first.uid().as_deref() != Some(earlier.uid.as_str()) || stage(&first) != Stage::Pending {
+            return;
+        }
+        let quiet = Decision {
+            annotations: Default::default(),
+            ..decision.clone()
+        };
+        let message = format!("its challenge was answered by CSR {by}, which was signed instead");
+        if let Err(e) = self
+            .refuse(&first, &quiet, DenyReason::Superseded.as_str(), &message)
+            .await
+        {
+            // It stays pending and ends ChallengeFailed when its challenge expires: never signed.
+            tracing::warn!(csr = %earlier.name, error = %e, "could not mark the superseded CSR");
+        }
     }
 
     /// The claim, read fresh, must still be this identity's: held by this CSR, or (a renewal by

@@ -1,0 +1,462 @@
+//! The `tpm/v1` verifier: the signer side of SPEC section 5's two phases.
+//!
+//! Phase 1 (CSR #1) proves a genuine or pinned TPM holds an AK that quoted the CSR key; the
+//! answer is a credential only that TPM can open, carried in the challenge annotation, and
+//! the CSR stays pending. Phase 2 (CSR #2) proves the TPM opened it: its quote binds the CSR
+//! key and the challenge secret, which the signer derives again from its key rather than
+//! storing. Verification is pure apart from MakeCredential's randomness.
+
+use std::collections::BTreeMap;
+
+use time::format_description::well_known::Rfc3339;
+use time::{Duration, OffsetDateTime};
+use zeroize::Zeroizing;
+
+use super::credential::make_credential;
+use super::data::{ChallengeAnnotation, ChallengeBinding, TpmData, challenge_secret, phase_two_extra_data};
+use super::ek::EkTrust;
+use super::public::TpmPublic;
+use super::quote::{Quote, Signature};
+use crate::attestor::{CsrRef, Evidence, Verification, Verifier};
+use crate::csr::ParsedCsr;
+use crate::decision::DenyReason;
+use crate::envelope::RequestEnvelope;
+use crate::names::{ANNOTATION_TPM_CHALLENGE, SIGNER_TPM};
+
+/// Provider name.
+pub const PROVIDER: &str = "tpm";
+
+/// Default lifetime of a challenge.
+pub const DEFAULT_CHALLENGE_TTL: Duration = Duration::minutes(10);
+
+/// How far in the future an `issuedAt` may lie (replicas' clocks differ a little).
+const CLOCK_SKEW: Duration = Duration::seconds(60);
+
+/// Shortest challenge key accepted.
+pub const MIN_CHALLENGE_KEY: usize = 32;
+
+/// How a `tpm/v1` signer trusts EKs and derives challenges.
+pub struct TpmVerifier {
+    ek_trust: Option<EkTrust>,
+    trust_on_first_use: bool,
+    challenge_key: Zeroizing<Vec<u8>>,
+    challenge_ttl: Duration,
+}
+
+impl std::fmt::Debug for TpmVerifier {
+    // The challenge key is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TpmVerifier")
+            .field("ek_ca_bundle", &self.ek_trust.is_some())
+            .field("trust_on_first_use", &self.trust_on_first_use)
+            .field("challenge_ttl", &self.challenge_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The challenge key is too short to be a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("the tpm/v1 challenge key has {0} bytes; it needs at least {MIN_CHALLENGE_KEY} random bytes")]
+pub struct WeakChallengeKey(usize);
+
+impl TpmVerifier {
+    /// A verifier deriving challenge secrets under `challenge_key` (the management-cluster
+    /// Secret's bytes), trusting EKs by pin and claim only until configured further.
+    pub fn new(challenge_key: Vec<u8>) -> Result<Self, WeakChallengeKey> {
+        let key = Zeroizing::new(challenge_key);
+        if key.len() < MIN_CHALLENGE_KEY {
+            return Err(WeakChallengeKey(key.len()));
+        }
+        Ok(Self {
+            ek_trust: None,
+            trust_on_first_use: false,
+            challenge_key: key,
+            challenge_ttl: DEFAULT_CHALLENGE_TTL,
+        })
+    }
+
+    /// Also trusts EKs whose certificate chains to these anchors (`--tpm-ek-ca-bundle`).
+    pub fn with_ek_trust(mut self, trust: EkTrust) -> Self {
+        self.ek_trust = Some(trust);
+        self
+    }
+
+    /// Accepts an EK with neither chain nor pin for an unclaimed Machine
+    /// (`--tpm-trust-on-first-use`).
+    pub fn with_trust_on_first_use(mut self, on: bool) -> Self {
+        self.trust_on_first_use = on;
+        self
+    }
+
+    /// How long a challenge may go unanswered.
+    pub fn with_challenge_ttl(mut self, ttl: Duration) -> Self {
+        self.challenge_ttl = ttl;
+        self
+    }
+}
+
+/// A refusal: reason and message.
+type Refusal = (DenyReason, String);
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    (DenyReason::AttestationInvalid, message.into())
+}
+
+fn challenge_failed(message: impl Into<String>) -> Refusal {
+    (DenyReason::ChallengeFailed, message.into())
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What both phases establish: a trusted EK, an AK fit to attest, and a quote by it.
+struct Attested {
+    ek_sha256: String,
+    ek: TpmPublic,
+    ak: TpmPublic,
+    quote: Quote,
+    trust: String,
+}
+
+impl TpmVerifier {
+    /// EK trust, in order: the Machine's pin (authoritative when set), the claim's EK, the
+    /// certificate chain, then trust on first use for an unclaimed Machine.
+    fn trust_ek(
+        &self,
+        evidence: &Evidence<'_>,
+        data: &TpmData,
+        ek: &TpmPublic,
+        ek_sha256: &str,
+    ) -> Result<String, Refusal> {
+        let pins: Vec<&str> = evidence
+            .ek_pins
+            .iter()
+            .flat_map(|p| p.split(','))
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
+        if !pins.is_empty() {
+            return if pins.iter().any(|p| p.eq_ignore_ascii_case(ek_sha256)) {
+                Ok("EK pinned on the Machine".into())
+            } else {
+                Err((
+                    DenyReason::EndorsementKeyMismatch,
+                    format!("EK {ek_sha256} is not the Machine's pin ({})", pins.join(",")),
+                ))
+            };
+        }
+        if let Some(claimed) = evidence.claim.and_then(|c| c.ek_sha256.as_deref()) {
+            // The rule engine names the mismatch (and, for a re-bootstrap, the claim).
+            return Ok(if claimed == ek_sha256 {
+                "EK recorded in the Machine's claim".into()
+            } else {
+                "EK differs from the claim".into()
+            });
+        }
+        let chain = match (&self.ek_trust, &data.ek_certificate) {
+            (Some(trust), Some(cert)) => Some(trust.verify(ek, cert, &data.ek_intermediates)),
+            _ => None,
+        };
+        match chain {
+            Some(Ok(())) => Ok("EK certificate chains to --tpm-ek-ca-bundle".into()),
+            _ if self.trust_on_first_use && evidence.claim.is_none() => {
+                Ok("EK trusted on first use (no pin, no chain, unclaimed Machine)".into())
+            }
+            Some(Err(why)) => Err((DenyReason::EndorsementKeyUntrusted, format!("EK {ek_sha256}: {why}"))),
+            None => Err((
+                DenyReason::EndorsementKeyUntrusted,
+                format!(
+                    "EK {ek_sha256} has no pin on the Machine and {}",
+                    match (&self.ek_trust, &data.ek_certificate) {
+                        (None, _) => "no --tpm-ek-ca-bundle is configured",
+                        (Some(_), None) => "the node sent no EK certificate",
+                        (Some(_), Some(_)) => "its certificate does not chain",
+                    }
+                ),
+            )),
+        }
+    }
+
+    /// The checks both phases share, then the quote's `extraData` against `extra_data`.
+    fn attest(&self, evidence: &Evidence<'_>, data: &TpmData) -> Result<Attested, Refusal> {
+        let ek = TpmPublic::from_tpm2b(&data.ek_public).map_err(|e| invalid(format!("ekPublic: {e}")))?;
+        let ek_sha256 = ek.spki_sha256_hex().map_err(|e| invalid(format!("ekPublic: {e}")))?;
+        let trust = self.trust_ek(evidence, data, &ek, &ek_sha256)?;
+        let ak = TpmPublic::from_tpm2b(&data.ak_public).map_err(|e| invalid(format!("akPublic: {e}")))?;
+        ak.check_attestation_key()
+            .map_err(|e| invalid(format!("akPublic: {e}")))?;
+        let quote = Quote::from_tpm2b(&data.quote).map_err(|e| invalid(format!("quote: {e}")))?;
+        let signature = Signature::parse(&data.signature).map_err(|e| invalid(format!("signature: {e}")))?;
+        signature
+            .verify(&ak, &quote.signed)
+            .map_err(|e| invalid(format!("the quote's signature does not verify under the AK: {e}")))?;
+        check_pcrs(data, &quote)?;
+        Ok(Attested {
+            ek_sha256,
+            ek,
+            ak,
+            quote,
+            trust,
+        })
+    }
+
+    fn phase_one(&self, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+        let attested = self.attest(evidence, data)?;
+        if attested.quote.extra_data != sha256(&evidence.csr.spki_der) {
+            return Err(invalid(
+                "the quote's extraData is not SHA-256 of this CSR's key: the quote is bound to another key",
+            ));
+        }
+        let note = |what: &str| {
+            format!(
+                "tpm/v1 phase 1: {}, AK quote binds the CSR key, EK {}; {what}",
+                attested.trust, attested.ek_sha256
+            )
+        };
+        // A challenge already on the CSR is answered as it stands: writing a second one would
+        // race the node. A requester-made one only fails the requester (its secret is derived
+        // under a key the requester does not have).
+        if let Some(existing) = evidence.object.annotations.get(ANNOTATION_TPM_CHALLENGE) {
+            let issued_at = self.challenge_issued_at(existing, evidence.now)?;
+            return Ok(Verification::Challenge {
+                annotations: BTreeMap::new(),
+                note: note(&format!(
+                    "challenge issued {}, waiting for CSR #2 until {}",
+                    fmt_time(issued_at),
+                    fmt_time(issued_at + self.challenge_ttl)
+                )),
+                ek_sha256: Some(attested.ek_sha256),
+            });
+        }
+        let issued_at = evidence.now.replace_nanosecond(0).unwrap_or(evidence.now);
+        let secret = self.secret(evidence, evidence.object.uid.as_str(), &attested, issued_at);
+        let credential = make_credential(&attested.ek, &attested.ak.name(), secret.as_slice())
+            .map_err(|e| invalid(format!("MakeCredential for this EK: {e}")))?;
+        let annotation = ChallengeAnnotation {
+            issued_at: fmt_time(issued_at),
+            credential_blob: credential.credential_blob,
+            encrypted_secret: credential.encrypted_secret,
+        };
+        let value = serde_json::to_string(&annotation).map_err(|e| invalid(format!("challenge annotation: {e}")))?;
+        Ok(Verification::Challenge {
+            annotations: BTreeMap::from([(ANNOTATION_TPM_CHALLENGE.to_owned(), value)]),
+            note: note(&format!(
+                "challenge issued, valid until {}",
+                fmt_time(issued_at + self.challenge_ttl)
+            )),
+            ek_sha256: Some(attested.ek_sha256),
+        })
+    }
+
+    fn phase_two(&self, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+        let Some(reference) = &data.challenge else {
+            return Err(invalid("phase 2 names no CSR #1"));
+        };
+        let first = evidence
+            .csrs
+            .csr(&reference.csr_name)
+            .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} does not exist", reference.csr_name)))?;
+        if first.uid != reference.csr_uid {
+            return Err(challenge_failed(format!(
+                "CSR #1 {:?} has UID {:?}, not {:?}",
+                first.name, first.uid, reference.csr_uid
+            )));
+        }
+        if first.finished {
+            return Err(challenge_failed(format!("CSR #1 {:?} is already finished", first.name)));
+        }
+        if first.signer_name != evidence.object.signer_name || first.username != evidence.object.username {
+            return Err(challenge_failed(format!(
+                "CSR #1 {:?} was filed by {:?} for {:?}: CSR #2 must come from the same requester",
+                first.name, first.username, first.signer_name
+            )));
+        }
+        let envelope = RequestEnvelope::parse(&first.request)
+            .map_err(|e| challenge_failed(format!("CSR #1 does not parse: {e}")))?;
+        let first_csr = ParsedCsr::from_der(&envelope.csr_der)
+            .map_err(|e| challenge_failed(format!("CSR #1 does not parse: {e}")))?;
+        let first_data = envelope
+            .data
+            .as_deref()
+            .and_then(|d| TpmData::parse(d).ok())
+            .filter(|d| d.phase == 1)
+            .ok_or_else(|| challenge_failed("CSR #1 carries no tpm/v1 phase-1 DATA"))?;
+        same_as_first(evidence.csr, &first_csr, data, &first_data)?;
+        let annotation = first
+            .annotations
+            .get(ANNOTATION_TPM_CHALLENGE)
+            .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} carries no challenge", first.name)))?;
+        let issued_at = self.challenge_issued_at(annotation, evidence.now)?;
+
+        let attested = self.attest(evidence, data)?;
+        let secret = self.secret(evidence, &first.uid, &attested, issued_at);
+        let expected = phase_two_extra_data(&evidence.csr.spki_der, secret.as_slice());
+        if attested.quote.extra_data != expected {
+            return Err(challenge_failed(
+                "the phase-2 quote does not bind SHA-256(CSR key || challenge secret): the credential was not activated by this TPM for this AK",
+            ));
+        }
+        Ok(Verification::Verified {
+            note: format!(
+                "tpm/v1: {}, challenge of CSR #1 {} answered by the TPM, EK {}",
+                attested.trust, first.name, attested.ek_sha256
+            ),
+            ek_sha256: Some(attested.ek_sha256),
+            supersedes: Some(CsrRef {
+                name: first.name,
+                uid: first.uid,
+            }),
+        })
+    }
+
+    /// Reads a challenge annotation's `issuedAt` and checks it is neither expired nor ahead.
+    fn challenge_issued_at(&self, annotation: &str, now: OffsetDateTime) -> Result<OffsetDateTime, Refusal> {
+        let parsed: ChallengeAnnotation = serde_json::from_str(annotation)
+            .map_err(|e| challenge_failed(format!("the challenge annotation is not this signer's: {e}")))?;
+        let issued_at = OffsetDateTime::parse(&parsed.issued_at, &Rfc3339)
+            .map_err(|e| challenge_failed(format!("the challenge's issuedAt does not parse: {e}")))?;
+        if issued_at > now + CLOCK_SKEW {
+            return Err(challenge_failed(format!(
+                "the challenge was issued at {}, in the future: not this signer's",
+                parsed.issued_at
+            )));
+        }
+        if now - issued_at > self.challenge_ttl {
+            return Err(challenge_failed(format!(
+                "the challenge issued at {} expired after {}s unanswered; start again from phase 1",
+                parsed.issued_at,
+                self.challenge_ttl.whole_seconds()
+            )));
+        }
+        Ok(issued_at)
+    }
+
+    fn secret(
+        &self,
+        evidence: &Evidence<'_>,
+        first_uid: &str,
+        attested: &Attested,
+        issued_at: OffsetDateTime,
+    ) -> Zeroizing<[u8; 32]> {
+        let spki_sha256 = sha256(&evidence.csr.spki_der);
+        Zeroizing::new(challenge_secret(
+            &self.challenge_key,
+            &ChallengeBinding {
+                cluster_uid: &evidence.cluster.uid,
+                csr_uid: first_uid,
+                spki_sha256: &spki_sha256,
+                ak_name: &attested.ak.name(),
+                ek_sha256: &attested.ek_sha256,
+                issued_at,
+            },
+        ))
+    }
+}
+
+fn fmt_time(t: OffsetDateTime) -> String {
+    t.format(&Rfc3339).unwrap_or_default()
+}
+
+/// CSR #2 must be CSR #1 again: byte-equal key, same subject and provider ID, same EK and AK.
+fn same_as_first(second: &ParsedCsr, first: &ParsedCsr, data: &TpmData, first_data: &TpmData) -> Result<(), Refusal> {
+    if second.spki_der != first.spki_der {
+        return Err(challenge_failed("CSR #2's key differs from CSR #1's"));
+    }
+    if second.subject != first.subject {
+        return Err(challenge_failed("CSR #2's subject differs from CSR #1's"));
+    }
+    let pid = |c: &ParsedCsr| c.provider_id_extensions().map(|e| e.value.clone()).collect::<Vec<_>>();
+    if pid(second) != pid(first) {
+        return Err(challenge_failed("CSR #2's provider-ID extension differs from CSR #1's"));
+    }
+    if data.ak_public != first_data.ak_public {
+        return Err(challenge_failed("CSR #2's AK differs from CSR #1's"));
+    }
+    if data.ek_public != first_data.ek_public {
+        return Err(challenge_failed("CSR #2's EK differs from CSR #1's"));
+    }
+    Ok(())
+}
+
+/// PCR values are informational in v1, but when sent they must be the quoted ones.
+fn check_pcrs(data: &TpmData, quote: &Quote) -> Result<(), Refusal> {
+    if data.pcrs.is_empty() {
+        return Ok(());
+    }
+    if let Some(bank) = data.pcrs.keys().find(|b| b.as_str() != "sha256") {
+        return Err(invalid(format!("pcrs: bank {bank:?} (only sha256)")));
+    }
+    let bank = data.pcrs.get("sha256").map(|b| {
+        b.iter()
+            .map(|(index, value)| {
+                let index: u32 = index.parse().map_err(|_| invalid(format!("pcrs: index {index:?}")))?;
+                let value =
+                    decode_hex(value).ok_or_else(|| invalid(format!("pcrs: value of PCR {index} is not hex")))?;
+                Ok((index, value))
+            })
+            .collect::<Result<BTreeMap<u32, Vec<u8>>, Refusal>>()
+    });
+    let values = bank.transpose()?.unwrap_or_default();
+    // In the quote's selection order (ascending within a bank, as TPMs emit).
+    let selected: Vec<u32> = quote.selection.iter().flat_map(|s| s.pcrs.iter().copied()).collect();
+    let ordered: Vec<(u32, Vec<u8>)> = selected
+        .iter()
+        .filter_map(|i| values.get(i).map(|v| (*i, v.clone())))
+        .collect();
+    if ordered.len() != values.len() || !quote.pcr_digest_matches(&ordered) {
+        return Err(invalid(format!(
+            "pcrs: the values sent for PCRs {:?} do not hash to the quote's pcrDigest {}",
+            values.keys().collect::<Vec<_>>(),
+            hex(&quote.pcr_digest)
+        )));
+    }
+    Ok(())
+}
+
+fn decode_hex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 || text.len() > 128 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+impl Verifier for TpmVerifier {
+    fn provider(&self) -> &'static str {
+        PROVIDER
+    }
+
+    fn versions(&self) -> &'static [&'static str] {
+        &["v1"]
+    }
+
+    fn signer_name(&self) -> &'static str {
+        SIGNER_TPM
+    }
+
+    fn proves_hardware_identity(&self) -> bool {
+        true
+    }
+
+    fn verify(&self, evidence: &Evidence<'_>) -> Verification {
+        let outcome = match evidence.data {
+            None => Err(invalid("tpm/v1 needs an ATTESTATION DATA block")),
+            Some(bytes) => TpmData::parse(bytes)
+                .map_err(|e| invalid(e.to_string()))
+                .and_then(|data| match data.phase {
+                    1 => self.phase_one(evidence, &data),
+                    _ => self.phase_two(evidence, &data),
+                }),
+        };
+        outcome.unwrap_or_else(|(reason, message)| Verification::Failed { reason, message })
+    }
+}
