@@ -89,18 +89,24 @@ pub fn kubelet_client_params(node_name: &NodeName, provider_id: &ProviderId) -> 
     params
 }
 
-/// Serializes `params` signed by `key`, asks `attestor` for evidence bound to the key, and wraps
+/// Serializes `params` signed by `key`, asks `attestor` for evidence bound to the key (answering
+/// the signer's `challenge` on an earlier CSR, when given), and wraps
 /// both in the envelope.
 pub fn build_envelope(
     params: &CertificateParams,
     key: &NodeKey,
     attestor: &mut dyn Attestor,
+    challenge: Option<crate::attestor::ChallengeAnswer<'_>>,
 ) -> Result<RequestEnvelope, RequestError> {
     let csr = params
         .serialize_request(&key.0)
         .map_err(|e| RequestError::Build(e.to_string()))?;
     let spki = rcgen::PublicKeyData::subject_public_key_info(&key.0);
-    let data = attestor.attest(&AttestationRequest::new(&spki))?;
+    let request = match challenge {
+        None => AttestationRequest::new(&spki),
+        Some(answer) => AttestationRequest::answering(&spki, answer),
+    };
+    let data = attestor.attest(&request)?;
     Ok(RequestEnvelope {
         csr_der: csr.der().to_vec(),
         provider: Some(attestor.provider_version()),

@@ -17,13 +17,19 @@ pub enum AttestorName {
 }
 
 impl AttestorName {
-    /// The attestor, ready to run.
-    pub fn attestor(self) -> Result<Box<dyn Attestor>> {
+    /// The attestor, ready to run; `tcti` is where the TPM is (`--tpm-tcti`).
+    pub fn attestor(self, tcti: &str) -> Result<Box<dyn Attestor>> {
         match self {
             Self::Insecure => Ok(Box::new(attestation::insecure::InsecureAttestor)),
-            Self::Tpm => anyhow::bail!(
-                "--attestor tpm: this build has no TPM attestor yet (tpm/v1 is not implemented); use --attestor insecure where the Cluster allows it"
-            ),
+            #[cfg(feature = "tpm")]
+            Self::Tpm => Ok(Box::new(attestation::tpm::attestor::TpmAttestor::new(tcti)?)),
+            #[cfg(not(feature = "tpm"))]
+            Self::Tpm => {
+                let _ = tcti;
+                anyhow::bail!(
+                    "--attestor tpm: this kubelet-authenticator was built without the tpm feature; rebuild with it, or use --attestor insecure where the Cluster allows it"
+                )
+            }
         }
     }
 
@@ -67,13 +73,16 @@ pub struct CsrArgs {
     /// Key type.
     #[arg(long, value_enum, default_value_t = KeyType::EcdsaP256)]
     pub key_type: KeyType,
+    /// TPM TCTI (for `--attestor tpm`).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = "device:/dev/tpmrm0")]
+    pub tpm_tcti: String,
 }
 
 /// Runs `csr`.
 pub fn run(args: &CsrArgs) -> Result<()> {
     let node_name = NodeName::new(&args.node_name).context("--node-name")?;
     let provider_id = ProviderId::new(&args.provider_id).context("--provider-id")?;
-    let mut attestor = args.attestor.attestor()?;
+    let mut attestor = args.attestor.attestor(&args.tpm_tcti)?;
     let algorithm = match args.key_type {
         KeyType::EcdsaP256 => KeyAlgorithm::EcdsaP256,
         KeyType::EcdsaP384 => KeyAlgorithm::EcdsaP384,
@@ -85,6 +94,7 @@ pub fn run(args: &CsrArgs) -> Result<()> {
         &kubelet_client_params(&node_name, &provider_id),
         &key,
         attestor.as_mut(),
+        None,
     )?;
     crate::secret_file::write_private(&args.key_out, key.private_key_pem().as_bytes())?;
     print!("{}", envelope.encode());

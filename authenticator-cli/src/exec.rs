@@ -156,7 +156,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
 }
 
 fn renew(args: &ExecArgs, node: &NodeName, provider_id: &ProviderId, current: Option<&Credential>) -> Result<Issued> {
-    let mut attestor = args.attestor.attestor()?;
+    let mut attestor = args.attestor.attestor(&args.tpm_tcti)?;
     let signer = args.signer();
     let expiration_seconds = args
         .requested_duration

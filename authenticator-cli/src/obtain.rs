@@ -1,13 +1,16 @@
 //! Getting a certificate: a key, the attested envelope, a CSR filed with the bootstrap
 //! kubeconfig (first time) or the current certificate (renewal), and a watch until the signer
-//! issues, denies or fails it, or the timeout passes.
+//! issues, denies or fails it, or the timeout passes. `tpm/v1` files twice: CSR #1 is
+//! answered with a challenge, CSR #2 (same key) with the certificate.
 
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use attestation::attestor::Attestor;
+use attestation::attestor::{Attestor, ChallengeAnswer};
+use attestation::envelope::RequestEnvelope;
 use attestation::identity::{NodeName, ProviderId};
+use attestation::names::ANNOTATION_SUPPORTED_VERSIONS;
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -80,11 +83,52 @@ pub async fn client(bootstrap_kubeconfig: &Path, identity: Identity<'_>) -> Resu
     Client::try_from(config).context("cannot build a client for the workload apiserver")
 }
 
-/// Files the CSR and waits for its certificate.
+/// Files the CSR and waits for its certificate. A two-phase attestor's first CSR is answered
+/// by a challenge annotation: the attestor answers it and the same key is filed again, once.
 pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn Attestor) -> Result<Issued> {
     let key = NodeKey::generate(KeyAlgorithm::EcdsaP256)?;
     let params = kubelet_client_params(request.node, request.provider_id);
-    let envelope = build_envelope(&params, &key, attestor)?;
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let envelope = build_envelope(&params, &key, attestor, None)?;
+    let work = async {
+        let first = file(&api, request, &envelope).await?;
+        match wait(&api, &first, attestor.challenge_annotation()).await? {
+            Step::Issued(pem) => Ok((pem, first)),
+            Step::Challenged { uid, annotation } => {
+                let answer = ChallengeAnswer {
+                    csr_name: &first,
+                    csr_uid: &uid,
+                    annotation: &annotation,
+                };
+                let envelope = build_envelope(&params, &key, attestor, Some(answer))
+                    .with_context(|| format!("answering the challenge on CSR {first}"))?;
+                let second = file(&api, request, &envelope).await?;
+                match wait(&api, &second, None).await? {
+                    Step::Issued(pem) => Ok((pem, second)),
+                    Step::Challenged { .. } => bail!("CSR {second} was challenged again"),
+                }
+            }
+        }
+    };
+    let (cert_pem, csr_name) = tokio::time::timeout(request.timeout, work).await.map_err(|_| {
+        anyhow!(
+            "timed out after {} waiting for the certificate: is node-attestation-signer serving this cluster?",
+            humantime::format_duration(request.timeout)
+        )
+    })??;
+    Ok(Issued {
+        cert_pem,
+        key_pem: key.private_key_pem(),
+        csr_name,
+    })
+}
+
+/// Files one CSR; returns its name.
+async fn file(
+    api: &Api<CertificateSigningRequest>,
+    request: &Request<'_>,
+    envelope: &RequestEnvelope,
+) -> Result<String> {
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
             generate_name: Some("node-csr-".to_owned()),
@@ -99,51 +143,65 @@ pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn A
         },
         status: None,
     };
-    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
     let created = api
         .create(&PostParams::default(), &csr)
         .await
         .map_err(|e| explain_api_error(e, "filing the CSR"))?;
-    let name = created.metadata.name.clone().unwrap_or_default();
-    let wait = async {
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut events = watcher(api.clone(), config).boxed();
-        while let Some(event) = events.next().await {
-            let csr = match event {
-                Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) => csr,
-                Ok(watcher::Event::Delete(_)) => bail!("CSR {name} was deleted before it was issued"),
-                Ok(_) => continue,
-                // Transient watch errors: the watcher relists on its own; keep waiting.
-                Err(_) => continue,
-            };
-            if let Some(done) = outcome(&csr) {
-                return done;
-            }
-        }
-        Err(anyhow!("the watch of CSR {name} ended"))
-    };
-    let cert_pem = tokio::time::timeout(request.timeout, wait).await.map_err(|_| {
-        anyhow!(
-            "timed out after {} waiting for CSR {name} to be issued: is node-attestation-signer serving this cluster?",
-            humantime::format_duration(request.timeout)
-        )
-    })??;
-    Ok(Issued {
-        cert_pem,
-        key_pem: key.private_key_pem(),
-        csr_name: name,
-    })
+    Ok(created.metadata.name.unwrap_or_default())
 }
 
-/// The CSR's end: the certificate, or the denial / failure with its reason and message.
+/// Where a filed CSR went.
+enum Step {
+    /// Its certificate.
+    Issued(String),
+    /// The signer's challenge (the annotation's value) and the CSR's UID.
+    Challenged { uid: String, annotation: String },
+}
+
+/// Watches CSR `name` until it is issued, challenged (when `challenge` names the attestor's
+/// annotation), denied or failed.
+async fn wait(api: &Api<CertificateSigningRequest>, name: &str, challenge: Option<&str>) -> Result<Step> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api.clone(), config).boxed();
+    while let Some(event) = events.next().await {
+        let csr = match event {
+            Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) => csr,
+            Ok(watcher::Event::Delete(_)) => bail!("CSR {name} was deleted before it was issued"),
+            Ok(_) => continue,
+            // Transient watch errors: the watcher relists on its own; keep waiting.
+            Err(_) => continue,
+        };
+        if let Some(done) = outcome(&csr) {
+            return done.map(Step::Issued);
+        }
+        let annotation = challenge.and_then(|key| csr.metadata.annotations.as_ref()?.get(key).cloned());
+        if let Some(annotation) = annotation {
+            return Ok(Step::Challenged {
+                uid: csr.metadata.uid.clone().unwrap_or_default(),
+                annotation,
+            });
+        }
+    }
+    Err(anyhow!("the watch of CSR {name} ended"))
+}
+
+/// The CSR's end: the certificate, or the denial / failure with its reason and message (and,
+/// for an unsupported attestation version, the versions the signer supports).
 fn outcome(csr: &CertificateSigningRequest) -> Option<Result<String>> {
     let status = csr.status.as_ref()?;
     let name = csr.metadata.name.as_deref().unwrap_or_default();
     if let Some(conditions) = &status.conditions {
         for c in conditions {
             if (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True" {
+                let supported = csr
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_SUPPORTED_VERSIONS))
+                    .map(|v| format!(" (the signer supports {v}: choose one with --attestor)"))
+                    .unwrap_or_default();
                 return Some(Err(anyhow!(
-                    "CSR {name} was {}: {}: {}",
+                    "CSR {name} was {}: {}: {}{supported}",
                     if c.type_ == "Denied" { "denied" } else { "marked Failed" },
                     c.reason.as_deref().unwrap_or("no reason"),
                     c.message.as_deref().unwrap_or("no message")

@@ -146,7 +146,7 @@ fn a_bare_pem_request_is_checked_with_stated_assumptions() {
         &NodeName::new("worker-0").unwrap(),
         &ProviderId::new("aws:///us-east-1a/i-0a1b2c3d4e5f60718").unwrap(),
     );
-    let envelope = build_envelope(&params, &key, &mut attestation::insecure::InsecureAttestor).unwrap();
+    let envelope = build_envelope(&params, &key, &mut attestation::insecure::InsecureAttestor, None).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let pem = dir.path().join("request.pem");
     std::fs::write(&pem, envelope.encode()).unwrap();

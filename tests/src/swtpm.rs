@@ -121,6 +121,27 @@ impl Swtpm {
     }
 }
 
+/// The folder where `swtpm_localca` keeps its CA (from `/etc/swtpm-localca.conf`).
+pub fn localca_dir() -> PathBuf {
+    std::fs::read_to_string("/etc/swtpm-localca.conf")
+        .ok()
+        .and_then(|conf| {
+            conf.lines()
+                .find_map(|l| l.strip_prefix("statedir = ").map(|d| d.trim().to_owned()))
+        })
+        .unwrap_or_else(|| "/var/lib/swtpm-localca".to_owned())
+        .into()
+}
+
+/// `swtpm_localca`'s root and issuing certificates (PEM), as an EK CA bundle: the TPM's NV
+/// holds only the EK certificate, so the issuer is trusted directly.
+pub fn localca_bundle() -> Vec<u8> {
+    let dir = localca_dir();
+    let mut bundle = std::fs::read(dir.join("swtpm-localca-rootca-cert.pem")).expect("localca root");
+    bundle.extend(std::fs::read(dir.join("issuercert.pem")).expect("localca issuer"));
+    bundle
+}
+
 impl Drop for Swtpm {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -111,15 +111,9 @@ fn a_real_tpm_recovers_the_secret_only_for_the_named_ak() {
 
     // The EK certificate swtpm_setup wrote into NV chains to swtpm_localca's root.
     tpm.ok(&["tpm2_nvread", "0x1c00002", "-o", "ekcert.der"]);
-    let localca = std::fs::read_to_string("/etc/swtpm-localca.conf")
-        .ok()
-        .and_then(|conf| {
-            conf.lines()
-                .find_map(|l| l.strip_prefix("statedir = ").map(str::to_owned))
-        })
-        .unwrap_or_else(|| "/var/lib/swtpm-localca".to_owned());
-    let root = std::fs::read(format!("{localca}/swtpm-localca-rootca-cert.pem")).unwrap();
-    let intermediate = pem::parse(std::fs::read(format!("{localca}/issuercert.pem")).unwrap())
+    let localca = tests::swtpm::localca_dir();
+    let root = std::fs::read(localca.join("swtpm-localca-rootca-cert.pem")).unwrap();
+    let intermediate = pem::parse(std::fs::read(localca.join("issuercert.pem")).unwrap())
         .unwrap()
         .into_contents();
     let trust = attestation::tpm::ek::EkTrust::from_pem(&root).unwrap();

@@ -229,13 +229,17 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                 annotations,
                 note,
                 ek_sha256,
-            } => match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
-                Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
-                None => {
-                    book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
-                    challenge = annotations;
+            } => {
+                match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
+                    Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
+                    None => {
+                        book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
+                        challenge = annotations;
+                    }
                 }
-            },
+                // So far proven: enough to let the claimed EK's re-bootstrap reach phase 2.
+                verified_ek = ek_sha256;
+            }
             Verification::Failed { reason, message } => book.fail(Rule::Attestation, reason, message),
         }
     } else if verifier.is_some() {

@@ -8,11 +8,14 @@
 //! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
 //! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
 //! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
+//! - `attestor` (feature `tpm-attestor`): the node side, through tss-esapi.
 //! - [`verifier`]: [`TpmVerifier`], the two phases put together.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
 //! tpm2-tools (`tpm2_createek`, `tpm2_createak`, `tpm2_quote -q <nonce> -l sha256:0,1,7`).
 
+#[cfg(feature = "tpm-attestor")]
+pub mod attestor;
 pub mod credential;
 pub mod data;
 pub mod ek;

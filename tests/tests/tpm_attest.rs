@@ -1,0 +1,497 @@
+//! `tpm/v1` end to end without a cluster: the node's [`TpmAttestor`] on a real TPM (swtpm,
+//! provisioned with an EK certificate by `swtpm_setup --create-ek-cert` and `swtpm_localca`)
+//! against the signer's rule engine and [`TpmVerifier`]. Both phases succeed, and every attack
+//! the SPEC names ends in its reason. Skips loudly without swtpm.
+
+use attestation::attestor::{AttestationRequest, Attestor, ChallengeAnswer};
+use attestation::decision::{Decision, DenyReason, Outcome};
+use attestation::envelope::{ProviderVersion, RequestEnvelope};
+use attestation::identity::{NodeName, ProviderId};
+use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
+use attestation::names::{
+    ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_SUPPORTED_VERSIONS, ANNOTATION_TPM_CHALLENGE, GROUP_BOOTSTRAPPERS,
+    SIGNER_TPM, usage,
+};
+use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
+use attestation::tpm::TpmVerifier;
+use attestation::tpm::attestor::{AkAttributes, TpmAttestor};
+use attestation::tpm::data::{ChallengeAnnotation, TpmData};
+use attestation::tpm::ek::EkTrust;
+use attestation::tpm::public::TpmPublic;
+use attestation::{Clock, CsrObject, Inputs, decide};
+use serde_json::{Value, json};
+use tests::capi;
+use tests::swtpm::{Swtpm, localca_bundle};
+use time::{Duration, OffsetDateTime};
+
+const PID: &str = "aws:///us-east-1a/i-0abc";
+const NODE: &str = "worker-0";
+
+struct World {
+    machines: Vec<Value>,
+    bundle: Vec<u8>,
+    challenge_key: Vec<u8>,
+    trust_on_first_use: bool,
+    csrs: Vec<CsrObject>,
+    now: OffsetDateTime,
+    serial: u32,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            machines: vec![
+                capi::machine(NODE, Some(PID)),
+                capi::machine("worker-1", Some("aws:///us-east-1a/i-0def")),
+            ],
+            bundle: localca_bundle(),
+            challenge_key: vec![7; 32],
+            trust_on_first_use: false,
+            csrs: Vec::new(),
+            now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
+            serial: 0,
+        }
+    }
+
+    fn verifier(&self) -> TpmVerifier {
+        TpmVerifier::new(self.challenge_key.clone())
+            .unwrap()
+            .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
+            .with_trust_on_first_use(self.trust_on_first_use)
+    }
+
+    /// A CSR object filed by worker-0's join token.
+    fn object(&mut self, envelope: &RequestEnvelope) -> CsrObject {
+        self.serial += 1;
+        CsrObject {
+            name: format!("node-csr-{}", self.serial),
+            uid: format!("00000000-0000-4000-8000-{:012}", self.serial),
+            request: envelope.encode().into_bytes(),
+            signer_name: SIGNER_TPM.into(),
+            usages: vec![usage::DIGITAL_SIGNATURE.into(), usage::CLIENT_AUTH.into()],
+            username: "system:bootstrap:abcdef".into(),
+            groups: vec![GROUP_BOOTSTRAPPERS.into()],
+            created: Some(self.now),
+            ..CsrObject::default()
+        }
+    }
+
+    fn decide(&self, csr: &CsrObject) -> Decision {
+        let cluster = ClusterView::from_object(&capi::cluster("tpm")).unwrap();
+        let inventory = Inventory {
+            machines: self
+                .machines
+                .iter()
+                .map(|m| MachineView::from_object(m).unwrap())
+                .collect(),
+            kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
+                .iter()
+                .zip(["abcdef", "ghijkl"])
+                .map(|(name, token)| {
+                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2")).unwrap()
+                })
+                .collect(),
+            ..Inventory::default()
+        };
+        let verifiers = attestation::attestor::Verifiers::new().with(self.verifier());
+        let nodes: Vec<attestation::machine::NodeView> = Vec::new();
+        decide(&Inputs {
+            csr: csr,
+            cluster: &cluster,
+            inventory: &inventory,
+            nodes: &nodes,
+            csrs: &self.csrs,
+            verifiers: &verifiers,
+            clock: Clock {
+                now: self.now,
+                first_seen: self.now,
+                max_age: Duration::minutes(15),
+            },
+        })
+        .unwrap()
+    }
+
+    /// Phase 1 for `key`: the CSR, and the decision on it.
+    fn phase_one(&mut self, attestor: &mut TpmAttestor, key: &NodeKey) -> (CsrObject, Decision) {
+        let envelope = build_envelope(&params(), key, attestor, None).expect("phase 1 attestation");
+        let csr = self.object(&envelope);
+        let decision = self.decide(&csr);
+        (csr, decision)
+    }
+
+    /// Phase 1 that must be challenged; the challenged CSR #1 is now in the cluster.
+    fn challenged(&mut self, attestor: &mut TpmAttestor, key: &NodeKey) -> CsrObject {
+        let (mut csr, decision) = self.phase_one(attestor, key);
+        assert!(
+            matches!(decision.outcome, Outcome::Retry { .. }),
+            "phase 1 leaves CSR #1 pending: {:#?}",
+            decision
+        );
+        assert!(
+            decision.annotations.contains_key(ANNOTATION_TPM_CHALLENGE),
+            "{decision:#?}"
+        );
+        csr.annotations = decision.annotations;
+        self.csrs.push(csr.clone());
+        csr
+    }
+
+    /// Phase 2: the attestor answers CSR #1's challenge with `key`.
+    fn phase_two(&mut self, attestor: &mut TpmAttestor, key: &NodeKey, first: &CsrObject) -> (CsrObject, Decision) {
+        let annotation = first.annotations[ANNOTATION_TPM_CHALLENGE].clone();
+        let answer = ChallengeAnswer {
+            csr_name: &first.name,
+            csr_uid: &first.uid,
+            annotation: &annotation,
+        };
+        let envelope = build_envelope(&params(), key, attestor, Some(answer)).expect("phase 2 attestation");
+        let csr = self.object(&envelope);
+        let decision = self.decide(&csr);
+        (csr, decision)
+    }
+
+    fn claim_with_ek(&mut self, ek: &str) {
+        let record = json!({"nodeName": NODE, "providerID": PID, "csrUID": "earlier", "ekSHA256": ek,
+                            "claimedAt": "2026-11-01T00:00:00Z"});
+        capi::annotate(&mut self.machines[0], ANNOTATION_CLAIM, &record.to_string());
+    }
+}
+
+fn params() -> rcgen::CertificateParams {
+    kubelet_client_params(&NodeName::new(NODE).unwrap(), &ProviderId::new(PID).unwrap())
+}
+
+fn key() -> NodeKey {
+    NodeKey::generate(KeyAlgorithm::EcdsaP256).unwrap()
+}
+
+fn spki(key: &NodeKey) -> Vec<u8> {
+    rcgen::PublicKeyData::subject_public_key_info(key.key_pair())
+}
+
+#[track_caller]
+fn denied(decision: &Decision, reason: DenyReason, case: &str) {
+    match &decision.outcome {
+        Outcome::Denied { reason: got, message } => {
+            assert_eq!(*got, reason, "{case}: {message}");
+            eprintln!("{case}: {reason}: {message}");
+        }
+        other => panic!("{case}: expected Denied {reason}, got {other:?}\n{decision:#?}"),
+    }
+}
+
+/// The DATA block of a request, for tampering.
+fn data_of(csr: &CsrObject) -> (RequestEnvelope, TpmData) {
+    let envelope = RequestEnvelope::parse(&csr.request).unwrap();
+    let data = TpmData::parse(envelope.data.as_deref().unwrap()).unwrap();
+    (envelope, data)
+}
+
+fn with_data(mut envelope: RequestEnvelope, data: &TpmData) -> RequestEnvelope {
+    envelope.data = Some(data.encode());
+    envelope
+}
+
+fn ek_hash(csr: &CsrObject) -> String {
+    let (_, data) = data_of(csr);
+    TpmPublic::from_tpm2b(&data.ek_public)
+        .unwrap()
+        .spki_sha256_hex()
+        .unwrap()
+}
+
+#[test]
+fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
+    let Some(tpm) = Swtpm::start("tpm_attest") else {
+        return;
+    };
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti).unwrap();
+    assert_eq!(node.challenge_annotation(), Some(ANNOTATION_TPM_CHALLENGE));
+
+    // The join: CSR #1 is challenged, CSR #2 (same key) answers it, is approved, claims the
+    // Machine with the EK, and supersedes CSR #1.
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    let ek = ek_hash(&first);
+    let (_, data) = data_of(&first);
+    assert!(
+        data.ek_certificate.is_some(),
+        "swtpm_setup wrote an EK certificate to NV"
+    );
+    assert_eq!(data.pcrs["sha256"].len(), 3, "PCRs 0, 1, 7 reported");
+    let (second, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { ref reason, .. } if reason == "AttestedTpmV1"),
+        "{decision:#?}"
+    );
+    assert_eq!(
+        decision.supersedes.as_ref().map(|s| s.uid.as_str()),
+        Some(first.uid.as_str())
+    );
+    let claim = decision.claim.as_ref().expect("the join claims the Machine");
+    assert_eq!(claim.record.ek_sha256.as_deref(), Some(ek.as_str()));
+    assert_eq!(claim.record.csr_uid, second.uid);
+
+    // CSR #1 seen again before CSR #2: still waiting, no second challenge written.
+    let again = world.decide(&world.csrs[0].clone());
+    assert!(
+        matches!(again.outcome, Outcome::Retry { .. }) && again.annotations.is_empty(),
+        "{again:#?}"
+    );
+
+    // Expired: CSR #2 after the challenge's 10 minutes, and CSR #1 itself.
+    let saved = world.now;
+    world.now = saved + Duration::minutes(11);
+    denied(
+        &world.phase_two(&mut node, &k, &first).1,
+        DenyReason::ChallengeFailed,
+        "expired challenge (CSR #2)",
+    );
+    denied(
+        &world.decide(&first),
+        DenyReason::ChallengeFailed,
+        "expired challenge (CSR #1)",
+    );
+    world.now = saved;
+
+    // Wrong secret: the signer's key changed between the phases (the node proves a secret the
+    // signer no longer derives).
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    world.challenge_key = vec![8; 32];
+    denied(
+        &world.phase_two(&mut node, &k, &first).1,
+        DenyReason::ChallengeFailed,
+        "wrong secret in phase 2",
+    );
+    world.challenge_key = vec![7; 32];
+
+    // A challenge annotation forged by the requester: a credential the TPM does open, for a
+    // secret the requester chose. The signer keeps it (it wrote none), and phase 2 fails.
+    let k = key();
+    let envelope = build_envelope(&params(), &k, &mut node, None).unwrap();
+    let mut forged = world.object(&envelope);
+    let (_, data) = data_of(&forged);
+    let ek_public = TpmPublic::from_tpm2b(&data.ek_public).unwrap();
+    let ak_name = TpmPublic::from_tpm2b(&data.ak_public).unwrap().name();
+    let credential = attestation::tpm::credential::make_credential(&ek_public, &ak_name, &[0x42; 32]).unwrap();
+    let annotation = ChallengeAnnotation {
+        issued_at: world
+            .now
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap(),
+        credential_blob: credential.credential_blob,
+        encrypted_secret: credential.encrypted_secret,
+    };
+    forged.annotations.insert(
+        ANNOTATION_TPM_CHALLENGE.into(),
+        serde_json::to_string(&annotation).unwrap(),
+    );
+    let kept = world.decide(&forged);
+    assert!(
+        matches!(kept.outcome, Outcome::Retry { .. }) && kept.annotations.is_empty(),
+        "{kept:#?}"
+    );
+    world.csrs.push(forged.clone());
+    denied(
+        &world.phase_two(&mut node, &k, &forged).1,
+        DenyReason::ChallengeFailed,
+        "challenge annotation forged by the requester",
+    );
+
+    // CSR #2 with another key than CSR #1 (the TPM answers for the new key).
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    denied(
+        &world.phase_two(&mut node, &key(), &first).1,
+        DenyReason::ChallengeFailed,
+        "CSR #2 with another key",
+    );
+
+    // CSR #2 with another AK: a second attestation's AK named in a phase-2 DATA for CSR #1.
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    let mut other = TpmAttestor::new(&tpm.tcti).unwrap();
+    let mut data: TpmData =
+        serde_json::from_slice(&other.attest(&AttestationRequest::new(&spki(&k))).unwrap().unwrap()).unwrap();
+    data.phase = 2;
+    data.challenge = Some(attestation::tpm::data::ChallengeRef {
+        csr_name: first.name.clone(),
+        csr_uid: first.uid.clone(),
+    });
+    let (envelope, _) = data_of(&first);
+    let csr = world.object(&with_data(envelope, &data));
+    denied(
+        &world.decide(&csr),
+        DenyReason::ChallengeFailed,
+        "CSR #2 with another AK",
+    );
+
+    // Phase-1 attacks.
+    let k = key();
+    let (good, _) = world.phase_one(&mut node, &k);
+    let (envelope, data) = data_of(&good);
+
+    // CSR #1's DATA replayed with a new key.
+    let replay = build_envelope(&params(), &key(), &mut attestation::insecure::InsecureAttestor, None).unwrap();
+    let replay = RequestEnvelope {
+        provider: Some(ProviderVersion::new("tpm", "v1")),
+        data: envelope.data.clone(),
+        ..replay
+    };
+    let csr = world.object(&replay);
+    denied(
+        &world.decide(&csr),
+        DenyReason::AttestationInvalid,
+        "CSR #1 data replayed with a new key",
+    );
+
+    // A quote bound to another key: the TPM quoted key A, the CSR carries key B.
+    let quoted_for_a = node.attest(&AttestationRequest::new(&spki(&key()))).unwrap();
+    let b = build_envelope(&params(), &key(), &mut attestation::insecure::InsecureAttestor, None).unwrap();
+    let csr = world.object(&RequestEnvelope {
+        provider: Some(ProviderVersion::new("tpm", "v1")),
+        data: quoted_for_a,
+        ..b
+    });
+    denied(
+        &world.decide(&csr),
+        DenyReason::AttestationInvalid,
+        "quote bound to another key",
+    );
+
+    // Tampered PCR values.
+    let mut tampered = data.clone();
+    if let Some(pcr0) = tampered.pcrs.get_mut("sha256").and_then(|b| b.get_mut("0")) {
+        *pcr0 = "ff".repeat(32);
+    }
+    let csr = world.object(&with_data(envelope.clone(), &tampered));
+    denied(
+        &world.decide(&csr),
+        DenyReason::AttestationInvalid,
+        "tampered PCR values",
+    );
+
+    // The signature checked under another AK.
+    let mut swapped = data.clone();
+    let other_data: TpmData =
+        serde_json::from_slice(&other.attest(&AttestationRequest::new(&spki(&k))).unwrap().unwrap()).unwrap();
+    swapped.ak_public = other_data.ak_public;
+    let csr = world.object(&with_data(envelope.clone(), &swapped));
+    denied(
+        &world.decide(&csr),
+        DenyReason::AttestationInvalid,
+        "signature by another AK",
+    );
+
+    // An AK the TPM made without fixedTPM.
+    let mut loose = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_ak_attributes(AkAttributes(|b| b.with_fixed_tpm(false).with_fixed_parent(false)));
+    denied(
+        &world.phase_one(&mut loose, &key()).1,
+        DenyReason::AttestationInvalid,
+        "AK without fixedTPM",
+    );
+
+    // Unknown version.
+    let csr = world.object(&RequestEnvelope {
+        provider: Some(ProviderVersion::new("tpm", "v9")),
+        ..envelope.clone()
+    });
+    let decision = world.decide(&csr);
+    denied(&decision, DenyReason::UnsupportedAttestationVersion, "unknown version");
+    assert_eq!(decision.annotations[ANNOTATION_SUPPORTED_VERSIONS], "tpm/v1");
+
+    // EK trust.
+    let untrusted_ca = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap()
+        .pem();
+    world.bundle = untrusted_ca.into_bytes();
+    denied(
+        &world.phase_one(&mut node, &key()).1,
+        DenyReason::EndorsementKeyUntrusted,
+        "EK certificate from an untrusted CA",
+    );
+    // The pin is trusted without a chain; trust on first use trusts an unclaimed Machine.
+    capi::annotate(&mut world.machines[0], ANNOTATION_EK_PIN, &ek);
+    let (_, pinned) = world.phase_one(&mut node, &key());
+    assert!(
+        matches!(pinned.outcome, Outcome::Retry { .. }),
+        "pinned EK: {pinned:#?}"
+    );
+    capi::annotate(&mut world.machines[0], ANNOTATION_EK_PIN, &"ab".repeat(32));
+    denied(
+        &world.phase_one(&mut node, &key()).1,
+        DenyReason::EndorsementKeyMismatch,
+        "EK pin mismatch",
+    );
+    world.machines[0] = capi::machine(NODE, Some(PID));
+    world.trust_on_first_use = true;
+    let (_, tofu) = world.phase_one(&mut node, &key());
+    assert!(
+        matches!(tofu.outcome, Outcome::Retry { .. }),
+        "trust on first use: {tofu:#?}"
+    );
+    world.trust_on_first_use = false;
+    world.bundle = localca_bundle();
+
+    // One EK serves one Machine: pinned to worker-1, it cannot join worker-0.
+    capi::annotate(&mut world.machines[1], ANNOTATION_EK_PIN, &ek);
+    denied(
+        &world.phase_one(&mut node, &key()).1,
+        DenyReason::EndorsementKeyMismatch,
+        "EK pinned to another Machine",
+    );
+    world.machines[1] = capi::machine("worker-1", Some("aws:///us-east-1a/i-0def"));
+
+    // Re-bootstrap of a claimed Machine: another EK is refused; the claimed EK, after losing
+    // its disk (a new key, a new join), re-joins through both phases.
+    world.claim_with_ek(&"cd".repeat(32));
+    denied(
+        &world.phase_one(&mut node, &key()).1,
+        DenyReason::MachineAlreadyClaimed,
+        "re-bootstrap with another EK",
+    );
+    world.claim_with_ek(&ek);
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    let (_, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { .. }),
+        "re-bootstrap with the claimed EK: {decision:#?}"
+    );
+
+    // Renewal by the node re-attests through both phases too.
+    let k = key();
+    let envelope = build_envelope(&params(), &k, &mut node, None).unwrap();
+    let mut renewal = world.object(&envelope);
+    renewal.username = format!("system:node:{NODE}");
+    renewal.groups = vec!["system:nodes".into()];
+    let decision = world.decide(&renewal);
+    assert!(
+        matches!(decision.outcome, Outcome::Retry { .. }),
+        "renewal phase 1: {decision:#?}"
+    );
+    renewal.annotations = decision.annotations;
+    world.csrs.push(renewal.clone());
+    let annotation = renewal.annotations[ANNOTATION_TPM_CHALLENGE].clone();
+    let answer = ChallengeAnswer {
+        csr_name: &renewal.name,
+        csr_uid: &renewal.uid,
+        annotation: &annotation,
+    };
+    let envelope = build_envelope(&params(), &k, &mut node, Some(answer)).unwrap();
+    let mut second = world.object(&envelope);
+    second.username = renewal.username.clone();
+    second.groups = renewal.groups.clone();
+    let decision = world.decide(&second);
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { .. }),
+        "renewal phase 2: {decision:#?}"
+    );
+    assert!(decision.claim.is_none(), "a renewal keeps the claim");
+}
