@@ -1,0 +1,207 @@
+//! `tpm/v1` end to end: a real kube-apiserver (`KUBEBUILDER_ASSETS`), the real signer, the
+//! plugin, and a real TPM (swtpm with an EK certificate from `swtpm_localca`). kubectl whose
+//! kubeconfig user is the plugin becomes `system:node:worker-0`: CSR #1 is challenged, CSR #2
+//! signed, CSR #1 denied `Superseded` and never signed, the claim records the EK. A renewal
+//! re-attests through both phases. Skips loudly without the apiserver or swtpm.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::Api;
+use serde_json::Value;
+use tests::capi;
+use tests::envtest::Envtest;
+use tests::live::{self, Signer, Workload, apply};
+use tests::swtpm::{Swtpm, localca_bundle};
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
+const PID: &str = "aws:///us-east-1a/i-tpm0";
+
+fn signer_bin() -> PathBuf {
+    let path = Path::new(PLUGIN).with_file_name("node-attestation-signer");
+    assert!(path.exists(), "{} is missing: run `cargo build -p signer` first", path.display());
+    path
+}
+
+fn plugin(args: &[String]) -> Output {
+    Command::new(PLUGIN)
+        .args(args)
+        .env_remove("KUBERNETES_EXEC_INFO")
+        .output()
+        .unwrap()
+}
+
+async fn csrs(admin: &kube::Client) -> Vec<CertificateSigningRequest> {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    let mut items = api.list(&Default::default()).await.unwrap().items;
+    items.sort_by_key(|c| c.metadata.creation_timestamp.clone().map(|t| t.0));
+    items
+}
+
+fn condition(csr: &CertificateSigningRequest, type_: &str) -> Option<String> {
+    csr.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .map(|c| c.reason.clone().unwrap_or_default())
+}
+
+fn issued(csr: &CertificateSigningRequest) -> bool {
+    csr.status
+        .as_ref()
+        .and_then(|s| s.certificate.as_ref())
+        .is_some_and(|c| !c.0.is_empty())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
+    let Some(env) = Envtest::start("envtest_tpm") else {
+        return;
+    };
+    let Some(tpm) = Swtpm::start("envtest_tpm") else {
+        return;
+    };
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "tpm").await;
+    apply(&admin, &capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2")).await;
+    apply(&admin, &capi::machine("worker-0", Some(PID))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("ek-ca.pem");
+    std::fs::write(&bundle, localca_bundle()).unwrap();
+    let signer = Signer::start(
+        &signer_bin(),
+        &w.env,
+        &["--tpm-ek-ca-bundle", bundle.to_str().unwrap()],
+    )
+    .await;
+
+    let bootstrap = w.env.bootstrap_kubeconfig(live::TOKEN);
+    let cert_dir = dir.path().join("pki");
+    let flags: Vec<String> = [
+        "--bootstrap-kubeconfig",
+        bootstrap.to_str().unwrap(),
+        "--cert-dir",
+        cert_dir.to_str().unwrap(),
+        "--node-name",
+        "worker-0",
+        "--provider-id",
+        PID,
+        "--attestor",
+        "tpm",
+        "--tpm-tcti",
+        &tpm.tcti,
+        "--timeout",
+        "60s",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    let mut args = flags.clone();
+    args.extend([
+        "kubeconfig".into(),
+        "--server".into(),
+        w.env.server.clone(),
+        "--ca-file".into(),
+        w.env.client_ca.cert_path.display().to_string(),
+        "--command".into(),
+        PLUGIN.into(),
+    ]);
+    let out = plugin(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let kubelet_kubeconfig = dir.path().join("kubelet.conf");
+    std::fs::write(&kubelet_kubeconfig, &out.stdout).unwrap();
+
+    // The join.
+    let first = w
+        .env
+        .kubectl_as(&kubelet_kubeconfig, &["auth", "whoami", "-o", "json"], None);
+    assert!(
+        first.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&first.stderr),
+        signer.log()
+    );
+    let who: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(who["status"]["userInfo"]["username"], "system:node:worker-0");
+    let filed = csrs(&w.admin).await;
+    assert_eq!(filed.len(), 2, "CSR #1 and CSR #2");
+    let (one, two) = (&filed[0], &filed[1]);
+    assert!(
+        one.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(attestation::names::ANNOTATION_TPM_CHALLENGE)),
+        "CSR #1 carries the challenge"
+    );
+    assert!(issued(two), "CSR #2 is signed");
+    assert_eq!(condition(two, "Approved").as_deref(), Some("AttestedTpmV1"));
+    // The signer marks CSR #1 right after signing CSR #2; give it the moment.
+    let mut superseded = None;
+    for _ in 0..50 {
+        let now = csrs(&w.admin).await;
+        superseded = condition(&now[0], "Denied");
+        if superseded.is_some() {
+            assert!(!issued(&now[0]), "CSR #1 is never signed");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(superseded.as_deref(), Some("Superseded"), "{}", signer.log());
+    let machine = live::get(&admin, &capi::machine("worker-0", Some(PID))).await;
+    let claim: Value = serde_json::from_str(
+        machine["metadata"]["annotations"][attestation::names::ANNOTATION_CLAIM]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claim["ekSHA256"].as_str().map(str::len), Some(64), "the claim records the EK: {claim}");
+
+    // Renewal: the certificate is due (a node certificate near its end, same key), and the
+    // node, as itself, attests again through both phases.
+    let current = cert_dir.join("kubelet-client-current.pem");
+    let text = std::fs::read_to_string(&current).unwrap();
+    let key_pem = pem::parse_many(text.as_bytes())
+        .unwrap()
+        .into_iter()
+        .find(|b| b.tag().contains("PRIVATE KEY"))
+        .map(|b| pem::encode(&b))
+        .unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    let aging = tests::ca::node_certificate(
+        &w.env.client_ca,
+        &key_pem,
+        "worker-0",
+        PID,
+        now - time::Duration::hours(10),
+        now + time::Duration::minutes(10),
+    );
+    let aged = cert_dir.join("kubelet-client-aged.pem");
+    std::fs::write(&aged, format!("{aging}{key_pem}")).unwrap();
+    std::fs::remove_file(&current).unwrap();
+    std::os::unix::fs::symlink("kubelet-client-aged.pem", &current).unwrap();
+    let renewed = plugin(&flags);
+    assert!(
+        renewed.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&renewed.stderr),
+        signer.log()
+    );
+    let after = csrs(&w.admin).await;
+    assert_eq!(after.len(), 4, "two more CSRs: the renewal's two phases");
+    for csr in &after[2..] {
+        assert_eq!(csr.spec.username.as_deref(), Some("system:node:worker-0"), "renewed as the node");
+    }
+    assert!(issued(&after[3]), "the renewal's CSR #2 is signed");
+    let renewed_claim = live::get(&admin, &capi::machine("worker-0", Some(PID))).await;
+    assert_eq!(
+        renewed_claim["metadata"]["annotations"][attestation::names::ANNOTATION_CLAIM],
+        machine["metadata"]["annotations"][attestation::names::ANNOTATION_CLAIM],
+        "a renewal keeps the claim"
+    );
+}
