@@ -22,7 +22,11 @@ const PID: &str = "aws:///us-east-1a/i-tpm0";
 
 fn signer_bin() -> PathBuf {
     let path = Path::new(PLUGIN).with_file_name("node-attestation-signer");
-    assert!(path.exists(), "{} is missing: run `cargo build -p signer` first", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p signer` first",
+        path.display()
+    );
     path
 }
 
@@ -74,12 +78,7 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("ek-ca.pem");
     std::fs::write(&bundle, localca_bundle()).unwrap();
-    let signer = Signer::start(
-        &signer_bin(),
-        &w.env,
-        &["--tpm-ek-ca-bundle", bundle.to_str().unwrap()],
-    )
-    .await;
+    let signer = Signer::start(&signer_bin(), &w.env, &["--tpm-ek-ca-bundle", bundle.to_str().unwrap()]).await;
 
     let bootstrap = w.env.bootstrap_kubeconfig(live::TOKEN);
     let cert_dir = dir.path().join("pki");
@@ -160,7 +159,11 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
             .unwrap(),
     )
     .unwrap();
-    assert_eq!(claim["ekSHA256"].as_str().map(str::len), Some(64), "the claim records the EK: {claim}");
+    assert_eq!(
+        claim["ekSHA256"].as_str().map(str::len),
+        Some(64),
+        "the claim records the EK: {claim}"
+    );
 
     // Renewal: the certificate is due (a node certificate near its end, same key), and the
     // node, as itself, attests again through both phases.
@@ -195,7 +198,11 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
     let after = csrs(&w.admin).await;
     assert_eq!(after.len(), 4, "two more CSRs: the renewal's two phases");
     for csr in &after[2..] {
-        assert_eq!(csr.spec.username.as_deref(), Some("system:node:worker-0"), "renewed as the node");
+        assert_eq!(
+            csr.spec.username.as_deref(),
+            Some("system:node:worker-0"),
+            "renewed as the node"
+        );
     }
     assert!(issued(&after[3]), "the renewal's CSR #2 is signed");
     let renewed_claim = live::get(&admin, &capi::machine("worker-0", Some(PID))).await;

@@ -9,6 +9,7 @@ pub mod csr;
 pub mod envtest;
 pub mod live;
 pub mod swtpm;
+pub mod tpm_world;
 
 use std::path::PathBuf;
 

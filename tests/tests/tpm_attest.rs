@@ -3,171 +3,21 @@
 //! against the signer's rule engine and [`TpmVerifier`]. Both phases succeed, and every attack
 //! the SPEC names ends in its reason. Skips loudly without swtpm.
 
+#![allow(clippy::unwrap_used)]
+
+use attestation::CsrObject;
 use attestation::attestor::{AttestationRequest, Attestor, ChallengeAnswer};
 use attestation::decision::{Decision, DenyReason, Outcome};
 use attestation::envelope::{ProviderVersion, RequestEnvelope};
-use attestation::identity::{NodeName, ProviderId};
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
-use attestation::names::{
-    ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_SUPPORTED_VERSIONS, ANNOTATION_TPM_CHALLENGE, GROUP_BOOTSTRAPPERS,
-    SIGNER_TPM, usage,
-};
-use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
-use attestation::tpm::TpmVerifier;
+use attestation::names::{ANNOTATION_EK_PIN, ANNOTATION_SUPPORTED_VERSIONS, ANNOTATION_TPM_CHALLENGE};
+use attestation::request::build_envelope;
 use attestation::tpm::attestor::{AkAttributes, TpmAttestor};
 use attestation::tpm::data::{ChallengeAnnotation, TpmData};
-use attestation::tpm::ek::EkTrust;
 use attestation::tpm::public::TpmPublic;
-use attestation::{Clock, CsrObject, Inputs, decide};
-use serde_json::{Value, json};
 use tests::capi;
 use tests::swtpm::{Swtpm, localca_bundle};
-use time::{Duration, OffsetDateTime};
-
-const PID: &str = "aws:///us-east-1a/i-0abc";
-const NODE: &str = "worker-0";
-
-struct World {
-    machines: Vec<Value>,
-    bundle: Vec<u8>,
-    challenge_key: Vec<u8>,
-    trust_on_first_use: bool,
-    csrs: Vec<CsrObject>,
-    now: OffsetDateTime,
-    serial: u32,
-}
-
-impl World {
-    fn new() -> Self {
-        Self {
-            machines: vec![
-                capi::machine(NODE, Some(PID)),
-                capi::machine("worker-1", Some("aws:///us-east-1a/i-0def")),
-            ],
-            bundle: localca_bundle(),
-            challenge_key: vec![7; 32],
-            trust_on_first_use: false,
-            csrs: Vec::new(),
-            now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
-            serial: 0,
-        }
-    }
-
-    fn verifier(&self) -> TpmVerifier {
-        TpmVerifier::new(self.challenge_key.clone())
-            .unwrap()
-            .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
-            .with_trust_on_first_use(self.trust_on_first_use)
-    }
-
-    /// A CSR object filed by worker-0's join token.
-    fn object(&mut self, envelope: &RequestEnvelope) -> CsrObject {
-        self.serial += 1;
-        CsrObject {
-            name: format!("node-csr-{}", self.serial),
-            uid: format!("00000000-0000-4000-8000-{:012}", self.serial),
-            request: envelope.encode().into_bytes(),
-            signer_name: SIGNER_TPM.into(),
-            usages: vec![usage::DIGITAL_SIGNATURE.into(), usage::CLIENT_AUTH.into()],
-            username: "system:bootstrap:abcdef".into(),
-            groups: vec![GROUP_BOOTSTRAPPERS.into()],
-            created: Some(self.now),
-            ..CsrObject::default()
-        }
-    }
-
-    fn decide(&self, csr: &CsrObject) -> Decision {
-        let cluster = ClusterView::from_object(&capi::cluster("tpm")).unwrap();
-        let inventory = Inventory {
-            machines: self
-                .machines
-                .iter()
-                .map(|m| MachineView::from_object(m).unwrap())
-                .collect(),
-            kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
-                .iter()
-                .zip(["abcdef", "ghijkl"])
-                .map(|(name, token)| {
-                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2")).unwrap()
-                })
-                .collect(),
-            ..Inventory::default()
-        };
-        let verifiers = attestation::attestor::Verifiers::new().with(self.verifier());
-        let nodes: Vec<attestation::machine::NodeView> = Vec::new();
-        decide(&Inputs {
-            csr: csr,
-            cluster: &cluster,
-            inventory: &inventory,
-            nodes: &nodes,
-            csrs: &self.csrs,
-            verifiers: &verifiers,
-            clock: Clock {
-                now: self.now,
-                first_seen: self.now,
-                max_age: Duration::minutes(15),
-            },
-        })
-        .unwrap()
-    }
-
-    /// Phase 1 for `key`: the CSR, and the decision on it.
-    fn phase_one(&mut self, attestor: &mut TpmAttestor, key: &NodeKey) -> (CsrObject, Decision) {
-        let envelope = build_envelope(&params(), key, attestor, None).expect("phase 1 attestation");
-        let csr = self.object(&envelope);
-        let decision = self.decide(&csr);
-        (csr, decision)
-    }
-
-    /// Phase 1 that must be challenged; the challenged CSR #1 is now in the cluster.
-    fn challenged(&mut self, attestor: &mut TpmAttestor, key: &NodeKey) -> CsrObject {
-        let (mut csr, decision) = self.phase_one(attestor, key);
-        assert!(
-            matches!(decision.outcome, Outcome::Retry { .. }),
-            "phase 1 leaves CSR #1 pending: {:#?}",
-            decision
-        );
-        assert!(
-            decision.annotations.contains_key(ANNOTATION_TPM_CHALLENGE),
-            "{decision:#?}"
-        );
-        csr.annotations = decision.annotations;
-        self.csrs.push(csr.clone());
-        csr
-    }
-
-    /// Phase 2: the attestor answers CSR #1's challenge with `key`.
-    fn phase_two(&mut self, attestor: &mut TpmAttestor, key: &NodeKey, first: &CsrObject) -> (CsrObject, Decision) {
-        let annotation = first.annotations[ANNOTATION_TPM_CHALLENGE].clone();
-        let answer = ChallengeAnswer {
-            csr_name: &first.name,
-            csr_uid: &first.uid,
-            annotation: &annotation,
-        };
-        let envelope = build_envelope(&params(), key, attestor, Some(answer)).expect("phase 2 attestation");
-        let csr = self.object(&envelope);
-        let decision = self.decide(&csr);
-        (csr, decision)
-    }
-
-    fn claim_with_ek(&mut self, ek: &str) {
-        let record = json!({"nodeName": NODE, "providerID": PID, "csrUID": "earlier", "ekSHA256": ek,
-                            "claimedAt": "2026-11-01T00:00:00Z"});
-        capi::annotate(&mut self.machines[0], ANNOTATION_CLAIM, &record.to_string());
-    }
-}
-
-fn params() -> rcgen::CertificateParams {
-    kubelet_client_params(&NodeName::new(NODE).unwrap(), &ProviderId::new(PID).unwrap())
-}
-
-fn key() -> NodeKey {
-    NodeKey::generate(KeyAlgorithm::EcdsaP256).unwrap()
-}
-
-fn spki(key: &NodeKey) -> Vec<u8> {
-    rcgen::PublicKeyData::subject_public_key_info(key.key_pair())
-}
+use tests::tpm_world::{NODE, PID, World, key, params, spki};
+use time::Duration;
 
 #[track_caller]
 fn denied(decision: &Decision, reason: DenyReason, case: &str) {

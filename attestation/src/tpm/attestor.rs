@@ -58,6 +58,14 @@ impl EkAlgorithm {
     }
 }
 
+/// What [`TpmAttestor::with_keys`] read, and its body's output.
+struct Loaded<T> {
+    ek_public: Public,
+    ek_certificate: Option<Vec<u8>>,
+    ak_public: Public,
+    output: T,
+}
+
 /// AK attribute changes, for tests that need a TPM to make a key the signer must refuse.
 #[derive(Debug, Clone, Copy)]
 pub struct AkAttributes(pub fn(ObjectAttributesBuilder) -> ObjectAttributesBuilder);
@@ -155,7 +163,7 @@ impl TpmAttestor {
     fn with_keys<T>(
         &mut self,
         body: impl FnOnce(&mut Context, KeyHandle, KeyHandle) -> Result<T, AttestError>,
-    ) -> Result<(Public, Option<Vec<u8>>, Public, T), AttestError> {
+    ) -> Result<Loaded<T>, AttestError> {
         let mut ctx = self.context()?;
         let ek = ek::create_ek_object_2(&mut ctx, self.ek_algorithm.selection(), None).map_err(failed("create EK"))?;
         let result = (|| {
@@ -195,7 +203,12 @@ impl TpmAttestor {
             let ak_public = blob.public.clone();
             let out = body(&mut ctx, ek, ak_handle);
             let _ = ctx.flush_context(ObjectHandle::from(ak_handle));
-            out.map(|t| (ek_public, ek_certificate, ak_public, t))
+            out.map(|output| Loaded {
+                ek_public,
+                ek_certificate,
+                ak_public,
+                output,
+            })
         })();
         let _ = ctx.flush_context(ObjectHandle::from(ek));
         result
@@ -323,7 +336,12 @@ impl Attestor for TpmAttestor {
             ));
         }
         let pcrs = self.pcrs.clone();
-        let (ek_public, ek_certificate, ak_public, quoted) = self.with_keys(|ctx, ek, ak| {
+        let Loaded {
+            ek_public,
+            ek_certificate,
+            ak_public,
+            output: quoted,
+        } = self.with_keys(|ctx, ek, ak| {
             let extra = match &challenge {
                 None => Zeroizing::new(sha256(spki).to_vec()),
                 Some(answer) => {

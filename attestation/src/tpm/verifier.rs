@@ -421,7 +421,7 @@ fn check_pcrs(data: &TpmData, quote: &Quote) -> Result<(), Refusal> {
 }
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || text.len() > 128 {
+    if !text.len().is_multiple_of(2) || text.len() > 128 {
         return None;
     }
     (0..text.len())
