@@ -223,4 +223,19 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         MANAGEMENT_SA,
         &["get", "leases.coordination.k8s.io", "-n", "kube-system"],
     );
+    // The tpm/v1 challenge key: created and read in the signer's namespace, nowhere else.
+    allowed(
+        &env,
+        MANAGEMENT_SA,
+        &["auth", "can-i", "create", "secrets", "-n", "node-attestation-system"],
+    );
+    let (ok, text) = as_user(
+        &env,
+        MANAGEMENT_SA,
+        &["auth", "can-i", "create", "secrets", "-n", capi::NAMESPACE],
+    );
+    assert!(
+        !ok && text.contains("no"),
+        "Secrets of Clusters must not be creatable: {text}"
+    );
 }
