@@ -122,7 +122,7 @@ fn a_failed_renewal_answers_the_still_valid_certificate_and_says_why() {
 }
 
 #[test]
-fn unusable_exec_info_and_a_missing_tpm_attestor_are_errors_not_credentials() {
+fn unusable_exec_info_and_an_absent_tpm_are_errors_not_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let bootstrap = unreachable_kubeconfig(dir.path());
     let alpha = plugin(
