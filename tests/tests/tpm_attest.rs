@@ -345,3 +345,28 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
     );
     assert!(decision.claim.is_none(), "a renewal keeps the claim");
 }
+
+#[test]
+fn an_ecc_ek_joins_through_ecdh_secret_sharing() {
+    let Some(tpm) = Swtpm::start("tpm_attest (ECC EK)") else {
+        return;
+    };
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_ek_algorithm(attestation::tpm::attestor::EkAlgorithm::EccP256);
+    let k = key();
+    let (probe, _) = world.phase_one(&mut node, &k);
+    let (_, data) = data_of(&probe);
+    assert_eq!(&data.ek_public[2..4], &[0x00, 0x23], "an ECC EK (TPM_ALG_ECC)");
+    if data.ek_certificate.is_none() {
+        // swtpm_setup certifies the ECC EK only in some versions: the pin trusts it then.
+        capi::annotate(&mut world.machines[0], ANNOTATION_EK_PIN, &ek_hash(&probe));
+    }
+    let first = world.challenged(&mut node, &k);
+    let (_, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { .. }),
+        "the TPM activated the ECDH credential: {decision:#?}"
+    );
+}

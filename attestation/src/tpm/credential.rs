@@ -8,6 +8,10 @@
 //! - HMACkey = KDFa(SHA-256, seed, "INTEGRITY", -, -, 256 bits);
 //! - outerHMAC = HMAC-SHA256(HMACkey, encIdentity || AK name);
 //! - credentialBlob = TPM2B_ID_OBJECT(TPM2B_DIGEST(outerHMAC) || encIdentity).
+//!
+//! For an ECC P-256 EK the seed is agreed instead: an ephemeral key's ECDH with the EK gives Z,
+//! seed = KDFe(SHA-256, Z, "IDENTITY", ephemeral x, EK x), and the encrypted secret is the
+//! ephemeral point (`TPMS_ECC_POINT`); the rest is the same.
 
 use aws_lc_rs::cipher::{AES_128, EncryptingKey, EncryptionContext, UnboundCipherKey};
 use aws_lc_rs::iv::FixedLength;
@@ -55,21 +59,20 @@ fn tpm2b(inner: &[u8]) -> Result<Vec<u8>, WireError> {
     Ok(out)
 }
 
-/// MakeCredential for `secret` (at most 32 bytes) to the TPM holding `ek` and the AK named
-/// `ak_name`, with the given 32-byte `seed` (random in production: [`make_credential`]).
+/// MakeCredential for `secret` (at most 32 bytes) to the TPM holding the RSA `ek` and the AK
+/// named `ak_name`, with the given 32-byte `seed` (random in production: [`make_credential`]).
 pub fn make_credential_with_seed(
     ek: &TpmPublic,
     ak_name: &[u8],
     secret: &[u8],
     seed: &[u8; 32],
 ) -> Result<Credential, WireError> {
-    if secret.is_empty() || secret.len() > 32 {
-        return Err(WireError::Invalid("a credential secret is 1 to 32 bytes".into()));
-    }
+    check_secret(secret)?;
     let PublicKey::Rsa { .. } = ek.key else {
-        return Err(WireError::Invalid("MakeCredential supports RSA EKs only".into()));
+        return Err(WireError::Invalid(
+            "a chosen seed is for RSA EKs; ECC EKs derive it".into(),
+        ));
     };
-    let crypto = |what: &str| WireError::Invalid(format!("MakeCredential: {what} failed"));
     let public = PublicEncryptingKey::from_der(&ek.canonical_spki()?).map_err(|_| crypto("loading the EK"))?;
     let oaep = OaepPublicEncryptingKey::new(public).map_err(|_| crypto("OAEP"))?;
     let mut encrypted = vec![0u8; oaep.ciphertext_size()];
@@ -77,7 +80,26 @@ pub fn make_credential_with_seed(
         .encrypt(&OAEP_SHA256_MGF1SHA256, seed, &mut encrypted, Some(b"IDENTITY\0"))
         .map_err(|_| crypto("RSA-OAEP"))?
         .to_vec();
+    Ok(Credential {
+        credential_blob: credential_blob(seed, ak_name, secret)?,
+        encrypted_secret: tpm2b(&encrypted)?,
+    })
+}
 
+fn crypto(what: &str) -> WireError {
+    WireError::Invalid(format!("MakeCredential: {what} failed"))
+}
+
+fn check_secret(secret: &[u8]) -> Result<(), WireError> {
+    if secret.is_empty() || secret.len() > 32 {
+        return Err(WireError::Invalid("a credential secret is 1 to 32 bytes".into()));
+    }
+    Ok(())
+}
+
+/// The `TPM2B_ID_OBJECT`: the secret encrypted under KDFa(seed, "STORAGE", AK name) with
+/// AES-128-CFB (the EK templates' symmetric algorithm), and its outer HMAC.
+fn credential_blob(seed: &[u8], ak_name: &[u8], secret: &[u8]) -> Result<Vec<u8>, WireError> {
     let sym_key = kdfa_sha256(seed, "STORAGE", ak_name, &[], 128);
     let mut enc_identity = tpm2b(secret)?;
     let key = UnboundCipherKey::new(&AES_128, &sym_key).map_err(|_| crypto("AES key"))?;
@@ -98,17 +120,65 @@ pub fn make_credential_with_seed(
 
     let mut id_object = tpm2b(outer_hmac.as_ref())?;
     id_object.extend_from_slice(&enc_identity);
-    Ok(Credential {
-        credential_blob: tpm2b(&id_object)?,
-        encrypted_secret: tpm2b(&encrypted)?,
-    })
+    tpm2b(&id_object)
 }
 
-/// MakeCredential with a fresh random seed.
+/// SP 800-56A concatenation KDF with SHA-256, as the TPM defines KDFe, for one block:
+/// `SHA-256([1]32 || Z || label || 0x00 || party_u || party_v)`.
+pub fn kdfe_sha256(z: &[u8], label: &str, party_u: &[u8], party_v: &[u8]) -> [u8; 32] {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    ctx.update(&1u32.to_be_bytes());
+    ctx.update(z);
+    ctx.update(label.as_bytes());
+    ctx.update(&[0]);
+    ctx.update(party_u);
+    ctx.update(party_v);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    out
+}
+
+/// ECC secret sharing (TPM 2.0 Part 1, "ECDH"): an ephemeral P-256 key agrees with the EK;
+/// the seed is KDFe(Z, "IDENTITY", ephemeral x, EK x); the encrypted secret is the ephemeral
+/// point (`TPMS_ECC_POINT`).
+fn ecc_seed(x: &[u8], y: &[u8]) -> Result<(zeroize::Zeroizing<[u8; 32]>, Vec<u8>), WireError> {
+    use aws_lc_rs::agreement::{ECDH_P256, EphemeralPrivateKey, UnparsedPublicKey, agree_ephemeral};
+    let mut point = vec![0x04];
+    point.extend_from_slice(x);
+    point.extend_from_slice(y);
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let ephemeral = EphemeralPrivateKey::generate(&ECDH_P256, &rng).map_err(|_| crypto("ephemeral key"))?;
+    let public = ephemeral.compute_public_key().map_err(|_| crypto("ephemeral key"))?;
+    let (ex, ey) = public.as_ref()[1..].split_at(32);
+    let seed = agree_ephemeral(
+        ephemeral,
+        UnparsedPublicKey::new(&ECDH_P256, &point),
+        crypto("ECDH"),
+        |z| Ok(zeroize::Zeroizing::new(kdfe_sha256(z, "IDENTITY", ex, x))),
+    )?;
+    let mut encrypted = tpm2b(ex)?;
+    encrypted.extend_from_slice(&tpm2b(ey)?);
+    Ok((seed, encrypted))
+}
+
+/// MakeCredential with a fresh seed: random and RSA-OAEP encrypted to an RSA EK, or agreed by
+/// ECDH with an ECC P-256 EK.
 pub fn make_credential(ek: &TpmPublic, ak_name: &[u8], secret: &[u8]) -> Result<Credential, WireError> {
-    let mut seed = [0u8; 32];
-    aws_lc_rs::rand::fill(&mut seed).map_err(|_| WireError::Invalid("no randomness".into()))?;
-    make_credential_with_seed(ek, ak_name, secret, &seed)
+    check_secret(secret)?;
+    match &ek.key {
+        PublicKey::Rsa { .. } => {
+            let mut seed = zeroize::Zeroizing::new([0u8; 32]);
+            aws_lc_rs::rand::fill(seed.as_mut_slice()).map_err(|_| WireError::Invalid("no randomness".into()))?;
+            make_credential_with_seed(ek, ak_name, secret, &seed)
+        }
+        PublicKey::EccP256 { x, y } => {
+            let (seed, point) = ecc_seed(x, y)?;
+            Ok(Credential {
+                credential_blob: credential_blob(seed.as_slice(), ak_name, secret)?,
+                encrypted_secret: tpm2b(&point)?,
+            })
+        }
+    }
 }
 
 #[cfg(test)]

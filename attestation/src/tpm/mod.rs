@@ -5,7 +5,7 @@
 //! - [`public`]: `TPM2B_PUBLIC` (EK, AK), the TPM Name, AK attributes, the canonical EK
 //!   SubjectPublicKeyInfo.
 //! - [`quote`]: `TPMS_ATTEST` quotes and `TPMT_SIGNATURE`s, verified under the AK.
-//! - [`credential`]: MakeCredential in software (RSA EKs), for the phase-1 challenge.
+//! - [`credential`]: MakeCredential in software (RSA-OAEP or ECDH seeds), for the phase-1 challenge.
 //! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
 //! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
 //! - `attestor` (feature `tpm-attestor`): the node side, through tss-esapi.
