@@ -78,10 +78,13 @@ pub trait Attestor {
     }
 }
 
-/// Other CSRs of the same workload cluster, by name: a second-phase request names its first.
+/// Other CSRs of the same workload cluster: a second-phase request names its first, and a
+/// provider bounds how many of its challenges are pending.
 pub trait CsrDirectory {
     /// The CSR called `name`, if the signer knows it.
     fn csr(&self, name: &str) -> Option<crate::rules::CsrObject>;
+    /// The unfinished CSRs carrying `annotation`.
+    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject>;
 }
 
 /// No other CSRs (offline use).
@@ -92,17 +95,32 @@ impl CsrDirectory for NoCsrs {
     fn csr(&self, _name: &str) -> Option<crate::rules::CsrObject> {
         None
     }
+
+    fn pending_with(&self, _annotation: &str) -> Vec<crate::rules::CsrObject> {
+        Vec::new()
+    }
 }
 
 impl CsrDirectory for [crate::rules::CsrObject] {
     fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
         self.iter().find(|c| c.name == name).cloned()
     }
+
+    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject> {
+        self.iter()
+            .filter(|c| !c.finished && c.annotations.contains_key(annotation))
+            .cloned()
+            .collect()
+    }
 }
 
 impl CsrDirectory for Vec<crate::rules::CsrObject> {
     fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
         self.as_slice().csr(name)
+    }
+
+    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject> {
+        self.as_slice().pending_with(annotation)
     }
 }
 

@@ -148,6 +148,14 @@ impl World {
         (csr, decision)
     }
 
+    /// Every CSR filed so far is finished (denied, superseded or issued), as the signer leaves
+    /// them: their challenges no longer count.
+    pub fn finish_all(&mut self) {
+        for csr in &mut self.csrs {
+            csr.finished = true;
+        }
+    }
+
     pub fn claim_with_ek(&mut self, ek: &str) {
         let record = json!({"nodeName": NODE, "providerID": PID, "csrUID": "earlier", "ekSHA256": ek,
                             "claimedAt": "2026-11-01T00:00:00Z"});

@@ -108,6 +108,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
     // Wrong secret: the signer's key changed between the phases (the node proves a secret the
     // signer no longer derives).
     let k = key();
+    world.finish_all();
     let first = world.challenged(&mut node, &k);
     world.challenge_key = vec![8; 32];
     denied(
@@ -119,6 +120,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
 
     // A challenge annotation forged by the requester: a credential the TPM does open, for a
     // secret the requester chose. The signer keeps it (it wrote none), and phase 2 fails.
+    world.finish_all();
     let k = key();
     let envelope = build_envelope(&params(), &k, &mut node, None).unwrap();
     let mut forged = world.object(&envelope);
@@ -152,6 +154,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
 
     // CSR #2 with another key than CSR #1 (the TPM answers for the new key).
     let k = key();
+    world.finish_all();
     let first = world.challenged(&mut node, &k);
     denied(
         &world.phase_two(&mut node, &key(), &first).1,
@@ -161,6 +164,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
 
     // CSR #2 with another AK: a second attestation's AK named in a phase-2 DATA for CSR #1.
     let k = key();
+    world.finish_all();
     let first = world.challenged(&mut node, &k);
     let mut other = TpmAttestor::new(&tpm.tcti).unwrap();
     let mut data: TpmData =
@@ -308,6 +312,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
     );
     world.claim_with_ek(&ek);
     let k = key();
+    world.finish_all();
     let first = world.challenged(&mut node, &k);
     let (_, decision) = world.phase_two(&mut node, &k, &first);
     assert!(
@@ -316,6 +321,7 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
     );
 
     // Renewal by the node re-attests through both phases too.
+    world.finish_all();
     let k = key();
     let envelope = build_envelope(&params(), &k, &mut node, None).unwrap();
     let mut renewal = world.object(&envelope);
@@ -344,6 +350,26 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
         "renewal phase 2: {decision:#?}"
     );
     assert!(decision.claim.is_none(), "a renewal keeps the claim");
+
+    // At most three live challenges per provider ID: a fourth CSR #1 waits, unchallenged,
+    // until one is answered or expires.
+    world.finish_all();
+    world.machines[0] = capi::machine(NODE, Some(PID));
+    for _ in 0..3 {
+        world.challenged(&mut node, &key());
+    }
+    let (_, waiting) = world.phase_one(&mut node, &key());
+    assert!(
+        matches!(waiting.outcome, Outcome::Retry { ref message } if message.contains("already pending"))
+            && waiting.annotations.is_empty(),
+        "{waiting:#?}"
+    );
+    world.now += Duration::minutes(11);
+    let (_, later) = world.phase_one(&mut node, &key());
+    assert!(
+        later.annotations.contains_key(ANNOTATION_TPM_CHALLENGE),
+        "expired challenges free the slots"
+    );
 }
 
 #[test]
@@ -363,6 +389,7 @@ fn an_ecc_ek_joins_through_ecdh_secret_sharing() {
         // swtpm_setup certifies the ECC EK only in some versions: the pin trusts it then.
         capi::annotate(&mut world.machines[0], ANNOTATION_EK_PIN, &ek_hash(&probe));
     }
+    world.finish_all();
     let first = world.challenged(&mut node, &k);
     let (_, decision) = world.phase_two(&mut node, &k, &first);
     assert!(

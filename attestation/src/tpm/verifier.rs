@@ -32,6 +32,10 @@ pub const DEFAULT_CHALLENGE_TTL: Duration = Duration::minutes(10);
 /// How far in the future an `issuedAt` may lie (replicas' clocks differ a little).
 const CLOCK_SKEW: Duration = Duration::seconds(60);
 
+/// Challenges pending at once for one provider ID: enough for a node that retried, few enough
+/// that a flood of first-phase CSRs costs the signer nothing.
+pub const MAX_PENDING_CHALLENGES: usize = 3;
+
 /// Shortest challenge key accepted.
 pub const MIN_CHALLENGE_KEY: usize = 32;
 
@@ -235,6 +239,16 @@ impl TpmVerifier {
                 ek_sha256: Some(attested.ek_sha256),
             });
         }
+        let pending = self.pending_for(evidence);
+        if pending >= MAX_PENDING_CHALLENGES {
+            return Ok(Verification::Challenge {
+                annotations: BTreeMap::new(),
+                note: note(&format!(
+                    "{pending} challenges are already pending for this provider ID (at most {MAX_PENDING_CHALLENGES}): waiting for one to be answered or to expire"
+                )),
+                ek_sha256: Some(attested.ek_sha256),
+            });
+        }
         let issued_at = evidence.now.replace_nanosecond(0).unwrap_or(evidence.now);
         let secret = self.secret(evidence, evidence.object.uid.as_str(), &attested, issued_at);
         let credential = make_credential(&attested.ek, &attested.ak.name(), secret.as_slice())
@@ -314,6 +328,30 @@ impl TpmVerifier {
                 uid: first.uid,
             }),
         })
+    }
+
+    /// Live challenges on other CSRs for this CSR's provider ID.
+    fn pending_for(&self, evidence: &Evidence<'_>) -> usize {
+        let provider_id = |csr: &ParsedCsr| csr.provider_id_extensions().next().map(|e| e.value.clone());
+        let ours = provider_id(evidence.csr);
+        evidence
+            .csrs
+            .pending_with(ANNOTATION_TPM_CHALLENGE)
+            .iter()
+            .filter(|other| other.uid != evidence.object.uid)
+            .filter(|other| {
+                other
+                    .annotations
+                    .get(ANNOTATION_TPM_CHALLENGE)
+                    .is_some_and(|a| self.challenge_issued_at(a, evidence.now).is_ok())
+            })
+            .filter(|other| {
+                RequestEnvelope::parse(&other.request)
+                    .ok()
+                    .and_then(|e| ParsedCsr::from_der(&e.csr_der).ok())
+                    .is_some_and(|c| provider_id(&c) == ours)
+            })
+            .count()
     }
 
     /// Reads a challenge annotation's `issuedAt` and checks it is neither expired nor ahead.

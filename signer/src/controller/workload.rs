@@ -107,6 +107,15 @@ impl attestation::CsrDirectory for StoreCsrs<'_> {
     fn csr(&self, name: &str) -> Option<CsrObject> {
         self.0.get(&ObjectRef::new(name)).map(|c| csr_object(&c))
     }
+
+    fn pending_with(&self, annotation: &str) -> Vec<CsrObject> {
+        self.0
+            .state()
+            .iter()
+            .filter(|c| c.annotations().contains_key(annotation) && stage(c) != Stage::Done)
+            .map(|c| csr_object(c))
+            .collect()
+    }
 }
 
 /// True when `csr` is ours and still needs this signer.
