@@ -71,6 +71,13 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
     );
     assert_eq!(data.pcrs["sha256"].len(), 3, "PCRs 0, 1, 7 reported");
     let (second, decision) = world.phase_two(&mut node, &k, &first);
+    // `TPM_FUZZ_SEEDS=<dir>` keeps these real DATA blocks as fuzz seeds.
+    if let Some(dir) = std::env::var_os("TPM_FUZZ_SEEDS") {
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("swtpm-phase1.json"), data_of(&first).0.data.unwrap()).unwrap();
+        std::fs::write(dir.join("swtpm-phase2.json"), data_of(&second).0.data.unwrap()).unwrap();
+    }
     assert!(
         matches!(decision.outcome, Outcome::Approved { ref reason, .. } if reason == "AttestedTpmV1"),
         "{decision:#?}"
