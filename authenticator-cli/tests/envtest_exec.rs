@@ -24,15 +24,7 @@ fn pid(name: &str) -> String {
 }
 
 fn signer_bin() -> PathBuf {
-    // The signer is a sibling crate's binary: built by `cargo build -p signer` (scripts/test
-    // builds the workspace first) into the same target directory.
-    let path = Path::new(PLUGIN).with_file_name("node-attestation-signer");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build -p signer` first",
-        path.display()
-    );
-    path
+    live::sibling_binary(PLUGIN, "node-attestation-signer")
 }
 
 fn plugin(args: &[&str], exec_info: Option<&str>) -> Output {
@@ -165,26 +157,7 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
 
     // Due for rotation (the same key, a certificate 70-90% through its life): renewed with the
     // node's own identity.
-    let text = std::fs::read_to_string(&current).unwrap();
-    let key_pem = pem::parse_many(text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .find(|b| b.tag().contains("PRIVATE KEY"))
-        .map(|b| pem::encode(&b))
-        .unwrap();
-    let now = time::OffsetDateTime::now_utc();
-    let aging = tests::ca::node_certificate(
-        &w.env.client_ca,
-        &key_pem,
-        "worker-0",
-        &pid("worker-0"),
-        now - time::Duration::hours(10),
-        now + time::Duration::minutes(10),
-    );
-    let aged = cert_dir.join("kubelet-client-aged.pem");
-    std::fs::write(&aged, format!("{aging}{key_pem}")).unwrap();
-    std::fs::remove_file(&current).unwrap();
-    std::os::unix::fs::symlink("kubelet-client-aged.pem", &current).unwrap();
+    let aging = tests::ca::make_due_for_rotation(&w.env.client_ca, &cert_dir, "worker-0", &pid("worker-0"));
     let renewed = plugin(&flags, None);
     assert!(
         renewed.status.success(),

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -21,13 +21,7 @@ const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
 const PID: &str = "aws:///us-east-1a/i-tpm0";
 
 fn signer_bin() -> PathBuf {
-    let path = Path::new(PLUGIN).with_file_name("node-attestation-signer");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build -p signer` first",
-        path.display()
-    );
-    path
+    live::sibling_binary(PLUGIN, "node-attestation-signer")
 }
 
 fn plugin(args: &[String]) -> Output {
@@ -167,33 +161,19 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
 
     // Renewal: the certificate is due (a node certificate near its end, same key), and the
     // node, as itself, attests again through both phases.
-    let current = cert_dir.join("kubelet-client-current.pem");
-    let text = std::fs::read_to_string(&current).unwrap();
-    let key_pem = pem::parse_many(text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .find(|b| b.tag().contains("PRIVATE KEY"))
-        .map(|b| pem::encode(&b))
-        .unwrap();
-    let now = time::OffsetDateTime::now_utc();
-    let aging = tests::ca::node_certificate(
-        &w.env.client_ca,
-        &key_pem,
-        "worker-0",
-        PID,
-        now - time::Duration::hours(10),
-        now + time::Duration::minutes(10),
-    );
-    let aged = cert_dir.join("kubelet-client-aged.pem");
-    std::fs::write(&aged, format!("{aging}{key_pem}")).unwrap();
-    std::fs::remove_file(&current).unwrap();
-    std::os::unix::fs::symlink("kubelet-client-aged.pem", &current).unwrap();
+    let aging = tests::ca::make_due_for_rotation(&w.env.client_ca, &cert_dir, "worker-0", PID);
     let renewed = plugin(&flags);
     assert!(
         renewed.status.success(),
         "{}\n{}",
         String::from_utf8_lossy(&renewed.stderr),
         signer.log()
+    );
+    let answered: Value = serde_json::from_slice(&renewed.stdout).unwrap();
+    assert_ne!(
+        answered["status"]["clientCertificateData"].as_str().unwrap(),
+        aging,
+        "the renewed certificate is answered"
     );
     let after = csrs(&w.admin).await;
     assert_eq!(after.len(), 4, "two more CSRs: the renewal's two phases");

@@ -213,3 +213,30 @@ pub fn node_certificate(
     params.not_after = not_after;
     params.signed_by(&key, &issuer(ca)).expect("node certificate").pem()
 }
+
+/// Makes the certificate behind `cert_dir`'s `kubelet-client-current.pem` link due for
+/// rotation: a certificate for the same key, 10 hours old with 10 minutes left (past 70-90% of
+/// its life), written beside it and linked as current. Returns the new certificate's PEM.
+pub fn make_due_for_rotation(ca: &TestCa, cert_dir: &Path, node: &str, provider_id: &str) -> String {
+    let current = cert_dir.join("kubelet-client-current.pem");
+    let text = std::fs::read_to_string(&current).expect("the current certificate");
+    let key_pem = pem::parse_many(text.as_bytes())
+        .expect("PEM")
+        .into_iter()
+        .find(|b| b.tag().contains("PRIVATE KEY"))
+        .map(|b| pem::encode(&b))
+        .expect("a key beside the certificate");
+    let now = time::OffsetDateTime::now_utc();
+    let aging = node_certificate(
+        ca,
+        &key_pem,
+        node,
+        provider_id,
+        now - time::Duration::hours(10),
+        now + time::Duration::minutes(10),
+    );
+    std::fs::write(cert_dir.join("kubelet-client-aged.pem"), format!("{aging}{key_pem}")).expect("write");
+    std::fs::remove_file(&current).expect("unlink current");
+    std::os::unix::fs::symlink("kubelet-client-aged.pem", &current).expect("link current");
+    aging
+}

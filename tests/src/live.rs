@@ -454,3 +454,15 @@ pub fn base64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+/// `name`, built by a sibling crate into the same target directory as `beside` (a test's own
+/// `CARGO_BIN_EXE_*`): `cargo build -p signer` (scripts/test builds the workspace first).
+pub fn sibling_binary(beside: &str, name: &str) -> PathBuf {
+    let path = Path::new(beside).with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build it first (cargo build --workspace)",
+        path.display()
+    );
+    path
+}

@@ -171,26 +171,16 @@ impl TpmAttestor {
             // Not every TPM is provisioned with a certificate; the signer may trust a pin.
             let ek_certificate = ek::retrieve_ek_pubcert(&mut ctx, self.ek_algorithm.selection()).ok();
             if self.ak.is_none() {
-                let created = match self.ak_attributes {
-                    Some(attributes) => ak::create_ak_2(
-                        &mut ctx,
-                        ek,
-                        HashingAlgorithm::Sha256,
-                        AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
-                        SignatureSchemeAlgorithm::EcDsa,
-                        None,
-                        attributes,
-                    ),
-                    None => ak::create_ak_2(
-                        &mut ctx,
-                        ek,
-                        HashingAlgorithm::Sha256,
-                        AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
-                        SignatureSchemeAlgorithm::EcDsa,
-                        None,
-                        tss_esapi::abstraction::DefaultKey,
-                    ),
-                }
+                let attributes = self.ak_attributes.unwrap_or(AkAttributes(|b| b));
+                let created = ak::create_ak_2(
+                    &mut ctx,
+                    ek,
+                    HashingAlgorithm::Sha256,
+                    AsymmetricAlgorithmSelection::Ecc(EccCurve::NistP256),
+                    SignatureSchemeAlgorithm::EcDsa,
+                    None,
+                    attributes,
+                )
                 .map_err(failed("create AK"))?;
                 self.ak = Some(AkBlob {
                     private: created.out_private,
