@@ -17,15 +17,22 @@ pub enum AttestorName {
 }
 
 impl AttestorName {
-    /// The attestor, ready to run; `tcti` is where the TPM is (`--tpm-tcti`).
-    pub fn attestor(self, tcti: &str) -> Result<Box<dyn Attestor>> {
+    /// The attestor, ready to run.
+    pub fn attestor(self, tpm: &TpmOptions) -> Result<Box<dyn Attestor>> {
         match self {
             Self::Insecure => Ok(Box::new(attestation::insecure::InsecureAttestor)),
             #[cfg(feature = "tpm")]
-            Self::Tpm => Ok(Box::new(attestation::tpm::attestor::TpmAttestor::new(tcti)?)),
+            Self::Tpm => {
+                use attestation::tpm::attestor::{EkAlgorithm, TpmAttestor};
+                let algorithm = match tpm.tpm_ek {
+                    EkKind::Rsa2048 => EkAlgorithm::Rsa2048,
+                    EkKind::EccP256 => EkAlgorithm::EccP256,
+                };
+                Ok(Box::new(TpmAttestor::new(&tpm.tpm_tcti)?.with_ek_algorithm(algorithm)))
+            }
             #[cfg(not(feature = "tpm"))]
             Self::Tpm => {
-                let _ = tcti;
+                let _ = tpm;
                 anyhow::bail!(
                     "--attestor tpm: this kubelet-authenticator was built without the tpm feature; rebuild with it, or use --attestor insecure where the Cluster allows it"
                 )
@@ -73,16 +80,36 @@ pub struct CsrArgs {
     /// Key type.
     #[arg(long, value_enum, default_value_t = KeyType::EcdsaP256)]
     pub key_type: KeyType,
-    /// TPM TCTI (for `--attestor tpm`).
+    /// The TPM.
+    #[command(flatten)]
+    pub tpm: TpmOptions,
+}
+
+/// Where the TPM is and which EK it presents (for `--attestor tpm`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TpmOptions {
+    /// TPM TCTI, e.g. `device:/dev/tpmrm0` or `swtpm:host=127.0.0.1,port=2321`.
     #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = "device:/dev/tpmrm0")]
     pub tpm_tcti: String,
+    /// The EK presented: the TCG default template's RSA-2048 key, or its ECC P-256 key.
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_EK", value_enum, default_value_t = EkKind::Rsa2048)]
+    pub tpm_ek: EkKind,
+}
+
+/// EK algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EkKind {
+    /// RSA-2048 (what the SPEC prefers).
+    Rsa2048,
+    /// ECC NIST P-256.
+    EccP256,
 }
 
 /// Runs `csr`.
 pub fn run(args: &CsrArgs) -> Result<()> {
     let node_name = NodeName::new(&args.node_name).context("--node-name")?;
     let provider_id = ProviderId::new(&args.provider_id).context("--provider-id")?;
-    let mut attestor = args.attestor.attestor(&args.tpm_tcti)?;
+    let mut attestor = args.attestor.attestor(&args.tpm)?;
     let algorithm = match args.key_type {
         KeyType::EcdsaP256 => KeyAlgorithm::EcdsaP256,
         KeyType::EcdsaP384 => KeyAlgorithm::EcdsaP384,

@@ -42,9 +42,9 @@ pub struct ExecArgs {
     /// Attestor.
     #[arg(long, env = "KUBELET_AUTHENTICATOR_ATTESTOR", value_enum, default_value_t = AttestorName::Tpm)]
     pub attestor: AttestorName,
-    /// TPM TCTI (for `--attestor tpm`).
-    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = "device:/dev/tpmrm0")]
-    pub tpm_tcti: String,
+    /// The TPM (for `--attestor tpm`).
+    #[command(flatten)]
+    pub tpm: crate::csr::TpmOptions,
     /// Signer name (default: the attestor's).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_SIGNER_NAME")]
     pub signer_name: Option<String>,
@@ -156,7 +156,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
 }
 
 fn renew(args: &ExecArgs, node: &NodeName, provider_id: &ProviderId, current: Option<&Credential>) -> Result<Issued> {
-    let mut attestor = args.attestor.attestor(&args.tpm_tcti)?;
+    let mut attestor = args.attestor.attestor(&args.tpm)?;
     let signer = args.signer();
     let expiration_seconds = args
         .requested_duration

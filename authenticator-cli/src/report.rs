@@ -96,9 +96,13 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
         exec.provider_id_file.as_ref().map(|p| p.display().to_string()),
     );
     push("--signer-name", exec.signer_name.clone());
+    let tpm = exec.attestor == crate::csr::AttestorName::Tpm;
+    push("--tpm-tcti", tpm.then(|| exec.tpm.tpm_tcti.clone()));
     push(
-        "--tpm-tcti",
-        (exec.attestor == crate::csr::AttestorName::Tpm).then(|| exec.tpm_tcti.clone()),
+        "--tpm-ek",
+        tpm.then(|| clap::ValueEnum::to_possible_value(&exec.tpm.tpm_ek))
+            .flatten()
+            .map(|v| v.get_name().to_owned()),
     );
     push(
         "--requested-duration",
