@@ -16,6 +16,7 @@ use x509_parser::prelude::FromDer;
 use zeroize::{Zeroize, Zeroizing};
 
 use crate::csr::{ParsedCsr, PublicKeyKind, StringKind};
+use crate::digest::sha256;
 use crate::identity::ProviderId;
 use crate::names::PROVIDER_ID_OID;
 
@@ -364,11 +365,4 @@ fn random_serial() -> Result<Vec<u8>, String> {
     serial[0] &= 0x7f;
     serial[0] |= 0x40;
     Ok(serial)
-}
-
-fn sha256(data: &[u8]) -> [u8; 32] {
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data);
-    let mut out = [0u8; 32];
-    out.copy_from_slice(digest.as_ref());
-    out
 }

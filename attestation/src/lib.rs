@@ -14,6 +14,7 @@ pub mod ca;
 pub mod claim;
 pub mod csr;
 pub mod decision;
+mod digest;
 pub mod envelope;
 pub mod identity;
 pub mod insecure;

@@ -108,19 +108,10 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
     std::fs::write(&kubelet_kubeconfig, &out.stdout).unwrap();
 
     // kubectl runs the plugin: a bootstrap-token CSR, signed, and kubectl is the node.
-    let whoami = || {
-        w.env
-            .kubectl_as(&kubelet_kubeconfig, &["auth", "whoami", "-o", "json"], None)
-    };
-    let first = whoami();
-    assert!(
-        first.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&first.stderr),
-        signer.log()
+    assert_eq!(
+        live::whoami(&w.env, &kubelet_kubeconfig, &signer),
+        "system:node:worker-0"
     );
-    let who: Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(who["status"]["userInfo"]["username"], "system:node:worker-0");
     let filed = csrs_for(&w.admin, "worker-0").await;
     assert_eq!(filed.len(), 1);
     assert!(
@@ -136,7 +127,10 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
     assert_eq!(std::fs::metadata(&current).unwrap().permissions().mode() & 0o777, 0o600);
 
     // The second call is the cache's: no new CSR.
-    assert!(whoami().status.success());
+    assert_eq!(
+        live::whoami(&w.env, &kubelet_kubeconfig, &signer),
+        "system:node:worker-0"
+    );
     assert_eq!(csrs_for(&w.admin, "worker-0").await.len(), 1, "served from the cache");
     let flags = node_flags("worker-0", &cert_dir);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();

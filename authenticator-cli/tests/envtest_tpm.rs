@@ -125,17 +125,10 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
     std::fs::write(&kubelet_kubeconfig, &out.stdout).unwrap();
 
     // The join.
-    let first = w
-        .env
-        .kubectl_as(&kubelet_kubeconfig, &["auth", "whoami", "-o", "json"], None);
-    assert!(
-        first.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&first.stderr),
-        signer.log()
+    assert_eq!(
+        live::whoami(&w.env, &kubelet_kubeconfig, &signer),
+        "system:node:worker-0"
     );
-    let who: Value = serde_json::from_slice(&first.stdout).unwrap();
-    assert_eq!(who["status"]["userInfo"]["username"], "system:node:worker-0");
     let filed = phases(&w.admin, "system:bootstrap:abcdef").await;
     assert_eq!(filed.len(), 2, "CSR #1 and CSR #2");
     let (one, two) = (&filed[0], &filed[1]);

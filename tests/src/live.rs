@@ -466,3 +466,20 @@ pub fn sibling_binary(beside: &str, name: &str) -> PathBuf {
     );
     path
 }
+
+/// `kubectl auth whoami` through `kubeconfig` (a kubelet kubeconfig whose user is the plugin):
+/// the username the apiserver saw. Panics with kubectl's error and the signer's log.
+pub fn whoami(env: &Envtest, kubeconfig: &Path, signer: &Signer) -> String {
+    let out = env.kubectl_as(kubeconfig, &["auth", "whoami", "-o", "json"], None);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        signer.log()
+    );
+    let who: Value = serde_json::from_slice(&out.stdout).expect("whoami JSON");
+    who["status"]["userInfo"]["username"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}

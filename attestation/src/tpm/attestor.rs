@@ -33,6 +33,7 @@ use zeroize::Zeroizing;
 use super::data::{ChallengeAnnotation, ChallengeRef, TpmData, phase_two_extra_data};
 use super::wire::unwrap_tpm2b;
 use crate::attestor::{AttestError, AttestationRequest, Attestor};
+use crate::digest::{hex, sha256};
 use crate::envelope::ProviderVersion;
 use crate::names::{ANNOTATION_TPM_CHALLENGE, SIGNER_TPM};
 
@@ -112,12 +113,6 @@ fn tpm2b(inner: &[u8]) -> Result<Vec<u8>, AttestError> {
     out.extend_from_slice(&size.to_be_bytes());
     out.extend_from_slice(inner);
     Ok(out)
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
-    out
 }
 
 impl TpmAttestor {
@@ -226,10 +221,7 @@ fn quote(ctx: &mut Context, ak: KeyHandle, pcrs: &[PcrSlot], extra_data: &[u8]) 
         .collect();
     for (slot, digest) in slots.iter().zip(digests.value()) {
         let index = u32::from(*slot).trailing_zeros();
-        values.insert(
-            index.to_string(),
-            digest.value().iter().map(|b| format!("{b:02x}")).collect(),
-        );
+        values.insert(index.to_string(), hex(digest.value()));
     }
     Ok(Quoted {
         attest: tpm2b(&attest.marshall().map_err(failed("marshal quote"))?)?,

@@ -231,8 +231,7 @@ impl TpmPublic {
     /// Lowercase hex SHA-256 of [`TpmPublic::canonical_spki`]: the EK pin and the claim's
     /// `ekSHA256`.
     pub fn spki_sha256_hex(&self) -> Result<String, WireError> {
-        let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &self.canonical_spki()?);
-        Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+        Ok(crate::digest::hex(&crate::digest::sha256(&self.canonical_spki()?)))
     }
 }
 

@@ -20,6 +20,7 @@ use super::quote::{Quote, Signature};
 use crate::attestor::{CsrRef, Evidence, Verification, Verifier};
 use crate::csr::ParsedCsr;
 use crate::decision::DenyReason;
+use crate::digest::{hex, sha256};
 use crate::envelope::RequestEnvelope;
 use crate::names::{ANNOTATION_TPM_CHALLENGE, SIGNER_TPM};
 
@@ -108,16 +109,6 @@ fn invalid(message: impl Into<String>) -> Refusal {
 
 fn challenge_failed(message: impl Into<String>) -> Refusal {
     (DenyReason::ChallengeFailed, message.into())
-}
-
-fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
-    out
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// What both phases establish: a trusted EK, an AK fit to attest, and a quote by it.
