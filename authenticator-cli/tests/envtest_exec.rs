@@ -92,20 +92,7 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
     };
 
     // The kubelet kubeconfig, as an image would bake it.
-    let mut args = node_flags("worker-0", &cert_dir);
-    args.extend([
-        "kubeconfig".into(),
-        "--server".into(),
-        w.env.server.clone(),
-        "--ca-file".into(),
-        w.env.client_ca.cert_path.display().to_string(),
-        "--command".into(),
-        PLUGIN.into(),
-    ]);
-    let out = plugin(&args.iter().map(String::as_str).collect::<Vec<_>>(), None);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let kubelet_kubeconfig = dir.path().join("kubelet.conf");
-    std::fs::write(&kubelet_kubeconfig, &out.stdout).unwrap();
+    let kubelet_kubeconfig = live::kubelet_kubeconfig(PLUGIN, &w.env, &node_flags("worker-0", &cert_dir), dir.path());
 
     // kubectl runs the plugin: a bootstrap-token CSR, signed, and kubectl is the node.
     assert_eq!(

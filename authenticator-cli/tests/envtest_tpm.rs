@@ -109,20 +109,7 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
     .iter()
     .map(ToString::to_string)
     .collect();
-    let mut args = flags.clone();
-    args.extend([
-        "kubeconfig".into(),
-        "--server".into(),
-        w.env.server.clone(),
-        "--ca-file".into(),
-        w.env.client_ca.cert_path.display().to_string(),
-        "--command".into(),
-        PLUGIN.into(),
-    ]);
-    let out = plugin(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let kubelet_kubeconfig = dir.path().join("kubelet.conf");
-    std::fs::write(&kubelet_kubeconfig, &out.stdout).unwrap();
+    let kubelet_kubeconfig = live::kubelet_kubeconfig(PLUGIN, &w.env, &flags, dir.path());
 
     // The join.
     assert_eq!(

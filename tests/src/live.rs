@@ -483,3 +483,20 @@ pub fn whoami(env: &Envtest, kubeconfig: &Path, signer: &Signer) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The kubelet kubeconfig the plugin at `plugin` renders with its own `kubeconfig` command for
+/// `node_flags` (as an image bakes it), pointed at `env`, written to `dir/kubelet.conf`.
+pub fn kubelet_kubeconfig(plugin: &str, env: &Envtest, node_flags: &[String], dir: &Path) -> PathBuf {
+    let out = Command::new(plugin)
+        .args(node_flags)
+        .args(["kubeconfig", "--server", &env.server, "--ca-file"])
+        .arg(&env.client_ca.cert_path)
+        .args(["--command", plugin])
+        .env_remove("KUBERNETES_EXEC_INFO")
+        .output()
+        .expect("run the plugin");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let path = dir.join("kubelet.conf");
+    std::fs::write(&path, &out.stdout).expect("write the kubelet kubeconfig");
+    path
+}
