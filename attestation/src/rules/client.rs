@@ -212,36 +212,37 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             claim: claim.valid(),
             now: inputs.clock.now,
         };
-        match verifier.verify(&evidence) {
-            Verification::Verified {
-                ek_sha256,
-                note,
-                supersedes: earlier,
-            } => {
-                match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
-                    Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
-                    None => book.pass(Rule::Attestation, note),
-                }
-                verified_ek = ek_sha256;
+        let verification = verifier.verify(&evidence);
+        let ek = match &verification {
+            Verification::Verified { ek_sha256, .. } | Verification::Challenge { ek_sha256, .. } => ek_sha256.clone(),
+            Verification::Failed { .. } => None,
+        };
+        match (
+            verification,
+            ek_conflict(inputs, target, claim, provider_id.as_ref(), ek.as_deref()),
+        ) {
+            (Verification::Failed { reason, message }, _) | (_, Some((reason, message))) => {
+                book.fail(Rule::Attestation, reason, message)
+            }
+            (
+                Verification::Verified {
+                    note,
+                    supersedes: earlier,
+                    ..
+                },
+                None,
+            ) => {
+                book.pass(Rule::Attestation, note);
                 supersedes = earlier;
             }
-            Verification::Challenge {
-                annotations,
-                note,
-                ek_sha256,
-            } => {
-                match ek_conflict(inputs, target, claim, provider_id.as_ref(), ek_sha256.as_deref()) {
-                    Some((reason, message)) => book.fail(Rule::Attestation, reason, message),
-                    None => {
-                        book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
-                        challenge = annotations;
-                    }
-                }
-                // So far proven: enough to let the claimed EK's re-bootstrap reach phase 2.
-                verified_ek = ek_sha256;
+            (Verification::Challenge { annotations, note, .. }, None) => {
+                book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
+                challenge = annotations;
             }
-            Verification::Failed { reason, message } => book.fail(Rule::Attestation, reason, message),
         }
+        // A challenge's EK is proven so far: enough to let the claimed EK's re-bootstrap reach
+        // phase 2 (rule 11 below).
+        verified_ek = ek;
     } else if verifier.is_some() {
         let why = if book.any_failed() {
             "a cheaper rule failed: no cryptography"
