@@ -182,6 +182,12 @@ pub enum Verification {
         /// EK hash, as for `Verified`.
         ek_sha256: Option<String>,
     },
+    /// The evidence cannot be judged yet, for a reason on the signer's side (a key not loaded):
+    /// the CSR waits, like any transient gap, until `--csr-max-age`.
+    Pending {
+        /// What is awaited.
+        message: String,
+    },
     /// The evidence does not hold.
     Failed {
         /// One of the attestation reasons of SPEC rule 12.

@@ -193,7 +193,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         }
     };
     let verifiers = crate::controller::verifiers(
-        challenge_key.to_vec(),
+        attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
         args.tpm_ek_ca_bundle.as_deref(),
         args.tpm_trust_on_first_use,
         args.tpm_challenge_ttl,

@@ -175,7 +175,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());
-            check_node_name(&mut book, target, claim, name, pid, &lookup);
+            check_node_name(&mut book, inputs, target, claim, name, pid, &lookup);
             if let Some(requester) = &requester {
                 one_identity = check_one_identity(
                     &mut book,
@@ -184,6 +184,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                     claim,
                     requester,
                     name,
+                    pid,
                     &lookup,
                     envelope.provider.as_ref().map(|p| p.provider()),
                 );
@@ -191,8 +192,22 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         }
     }
 
-    // Rule 12, the cheap part: which verifier.
-    let verifier = select_verifier(&mut book, inputs, &envelope);
+    // Rule 12, the cheap part: which verifier, and whether the Machine is bound to an EK.
+    let mut verifier = select_verifier(&mut book, inputs, &envelope);
+    if let (Some((chosen, version)), Some(target), Some(claim)) = (verifier, target, &claim)
+        && !chosen.proves_hardware_identity()
+        && let Some(binding) = ek_binding(target, claim)
+    {
+        book.fail(
+            Rule::Attestation,
+            DenyReason::AttestationNotAllowed,
+            format!(
+                "{} is bound to an EK ({binding}): it accepts only tpm/v1 proving that EK, not {version}",
+                target.describe()
+            ),
+        );
+        verifier = None;
+    }
 
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
@@ -215,7 +230,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         let verification = verifier.verify(&evidence);
         let ek = match &verification {
             Verification::Verified { ek_sha256, .. } | Verification::Challenge { ek_sha256, .. } => ek_sha256.clone(),
-            Verification::Failed { .. } => None,
+            Verification::Failed { .. } | Verification::Pending { .. } => None,
         };
         match (
             verification,
@@ -239,6 +254,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                 book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
                 challenge = annotations;
             }
+            (Verification::Pending { message }, None) => book.pending(Rule::Attestation, message),
         }
         // A challenge's EK is proven so far: enough to let the claimed EK's re-bootstrap reach
         // phase 2 (rule 11 below).
@@ -306,6 +322,79 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         });
     }
     decision
+}
+
+/// Why a Machine or pool instance is bound to an EK, if it is: an EK pin on it, or an EK on its
+/// valid claim (SPEC rule 12). Such a Machine accepts only `tpm/v1` proving that EK.
+fn ek_binding(target: Target<'_>, claim: &ClaimState) -> Option<String> {
+    let pinned = target
+        .ek_pins()
+        .iter()
+        .flat_map(|p| p.split(','))
+        .any(|p| !p.trim().is_empty());
+    if pinned {
+        return Some("it carries an EK pin".to_owned());
+    }
+    claim
+        .valid()
+        .and_then(|c| c.ek_sha256.as_deref())
+        .map(|ek| format!("its claim records EK {}", shown(ek)))
+}
+
+/// Another Machine or pool instance of the Cluster that holds `name` (SPEC rule 10): through
+/// its valid claim or `status.nodeRef`, and, when `target` is a pool instance (which has no
+/// names of its own), through its name, infrastructure name or DNS addresses.
+fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName, pid: &ProviderId) -> Option<String> {
+    let this = target.reference();
+    let cluster = inputs.cluster;
+    let ours = |namespace: &str, cluster_name: &str| namespace == cluster.namespace && cluster_name == cluster.name;
+    let name = name.as_str();
+    let for_pool = matches!(target, Target::Pool(_));
+    let machine = inputs.inventory.machines.iter().find_map(|m| {
+        if !ours(&m.namespace, &m.cluster_name) || m.target() == this {
+            return None;
+        }
+        let how = if m.claim.valid().is_some_and(|c| c.node_name == name) {
+            "its claim"
+        } else if m.node_ref.as_deref() == Some(name) {
+            "its status.nodeRef"
+        } else if for_pool && m.name == name {
+            "its name"
+        } else if for_pool && m.infrastructure_name.as_deref() == Some(name) {
+            "its infrastructure name"
+        } else if for_pool
+            && m.addresses
+                .iter()
+                .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name))
+        {
+            "a Hostname/DNS address"
+        } else {
+            return None;
+        };
+        Some(format!("Machine {} ({how})", m.name))
+    });
+    machine.or_else(|| {
+        inputs
+            .inventory
+            .pools
+            .iter()
+            .filter(|p| ours(&p.namespace, &p.cluster_name))
+            .find_map(|p| {
+                let same_pool = p.target() == this;
+                p.claims
+                    .records()
+                    .filter(|c| p.provider_ids.contains(&c.provider_id))
+                    .filter(|c| !(same_pool && c.provider_id == pid.as_str()))
+                    .find(|c| c.node_name == name)
+                    .map(|c| {
+                        format!(
+                            "instance {} of MachinePool {} (its claim)",
+                            shown(&c.provider_id),
+                            p.name
+                        )
+                    })
+            })
+    })
 }
 
 /// One EK per Machine: the verified EK must be the claim's (when the claim names one), and no
@@ -670,6 +759,7 @@ fn bind_requester(
 
 fn check_node_name(
     book: &mut Book,
+    inputs: &Inputs<'_>,
     target: Target<'_>,
     claim: &ClaimState,
     name: &NodeName,
@@ -708,6 +798,10 @@ fn check_node_name(
         },
         (_, Target::Pool(_)) => Ok("a MachinePool instance: bound by its claim from now on".to_owned()),
     };
+    let fits = fits.and_then(|how| match name_held_elsewhere(inputs, target, name, pid) {
+        Some(holder) => Err(format!("the name belongs to {holder}: one node name, one Machine")),
+        None => Ok(how),
+    });
     match fits {
         Err(why) => book.fail(
             Rule::NodeName,
@@ -737,6 +831,7 @@ fn check_one_identity(
     claim: &ClaimState,
     requester: &Requester,
     name: &NodeName,
+    pid: &ProviderId,
     lookup: &NodeLookup,
     provider: Option<&str>,
 ) -> OneIdentity {
@@ -793,12 +888,23 @@ fn check_one_identity(
             OneIdentity::Settled
         }
         ClaimState::Unclaimed | ClaimState::Stale(_) => {
-            let registered = target.node_registered(name).or_else(|| match lookup {
-                NodeLookup::Found(_) => Some(format!("Node {name} exists in the workload cluster")),
-                _ => None,
-            });
-            match registered {
-                Some(why) => book.fail(
+            let by_provider_id = inputs.nodes.node_with_provider_id(pid.as_str());
+            let registered = target
+                .node_registered(name)
+                .or_else(|| match lookup {
+                    NodeLookup::Found(_) => Some(format!("Node {name} exists in the workload cluster")),
+                    _ => None,
+                })
+                .or_else(|| match &by_provider_id {
+                    NodeLookup::Found(node) => Some(format!(
+                        "Node {} carries its provider ID {}",
+                        shown(&node.name),
+                        shown(pid.as_str())
+                    )),
+                    _ => None,
+                });
+            match (registered, &by_provider_id) {
+                (Some(why), _) => book.fail(
                     Rule::OneIdentity,
                     DenyReason::NodeAlreadyRegistered,
                     format!(
@@ -806,7 +912,14 @@ fn check_one_identity(
                         target.describe()
                     ),
                 ),
-                None => book.pass(
+                (None, NodeLookup::Unavailable(why)) => book.pending(
+                    Rule::OneIdentity,
+                    format!(
+                        "cannot tell whether a Node already carries provider ID {}: {why}",
+                        shown(pid.as_str())
+                    ),
+                ),
+                (None, _) => book.pass(
                     Rule::OneIdentity,
                     format!("{} is unclaimed and its node unregistered", target.describe()),
                 ),

@@ -66,10 +66,14 @@ pub enum NodeLookup {
     Unavailable(String),
 }
 
-/// Where Nodes are looked up: a watch cache in the controller, a file offline.
+/// Where Nodes are looked up: the workload apiserver and a watch cache in the controller, a
+/// file offline.
 pub trait NodeDirectory {
     /// The Node called `name`.
     fn node(&self, name: &str) -> NodeLookup;
+    /// A Node whose `spec.providerID` is `provider_id` (rule 11: an instance or Machine whose
+    /// Node registered under any name is registered).
+    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup;
 }
 
 impl NodeDirectory for [NodeView] {
@@ -79,11 +83,22 @@ impl NodeDirectory for [NodeView] {
             .cloned()
             .map_or(NodeLookup::Absent, NodeLookup::Found)
     }
+
+    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
+        self.iter()
+            .find(|n| n.provider_id.as_deref() == Some(provider_id))
+            .cloned()
+            .map_or(NodeLookup::Absent, NodeLookup::Found)
+    }
 }
 
 impl NodeDirectory for Vec<NodeView> {
     fn node(&self, name: &str) -> NodeLookup {
         self.as_slice().node(name)
+    }
+
+    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
+        self.as_slice().node_with_provider_id(provider_id)
     }
 }
 

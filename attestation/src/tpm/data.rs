@@ -152,6 +152,66 @@ pub struct ChallengeAnnotation {
     /// `TPM2B_ENCRYPTED_SECRET`.
     #[serde(rename = "encryptedSecret", with = "b64")]
     pub encrypted_secret: Vec<u8>,
+    /// HMAC-SHA256 over the CSR's UID, `issuedAt` and both blobs, under a key derived from the
+    /// signer's challenge key: requesters can write this annotation too, and only a `mac` that
+    /// verifies makes it the signer's (SPEC section 5).
+    #[serde(with = "b64")]
+    pub mac: Vec<u8>,
+}
+
+/// What the annotation `mac` key is derived with from the challenge key, so the mac and the
+/// challenge secret never share an HMAC key.
+const MAC_KEY_LABEL: &[u8] = b"node-attestation-signer tpm/v1 challenge annotation mac";
+
+impl ChallengeAnnotation {
+    /// The annotation the signer writes on CSR `csr_uid`, authenticated under `key`.
+    pub fn sealed(
+        key: &[u8],
+        csr_uid: &str,
+        issued_at: String,
+        credential_blob: Vec<u8>,
+        encrypted_secret: Vec<u8>,
+    ) -> Self {
+        let mut annotation = Self {
+            issued_at,
+            credential_blob,
+            encrypted_secret,
+            mac: Vec::new(),
+        };
+        annotation.mac = annotation.mac_tag(key, csr_uid).as_ref().to_vec();
+        annotation
+    }
+
+    /// Whether the signer holding `key` wrote this annotation for CSR `csr_uid` (constant-time).
+    pub fn is_authentic(&self, key: &[u8], csr_uid: &str) -> bool {
+        let mac_key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &mac_key(key));
+        aws_lc_rs::hmac::verify(&mac_key, &self.mac_input(csr_uid), &self.mac).is_ok()
+    }
+
+    fn mac_tag(&self, key: &[u8], csr_uid: &str) -> aws_lc_rs::hmac::Tag {
+        let mac_key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &mac_key(key));
+        aws_lc_rs::hmac::sign(&mac_key, &self.mac_input(csr_uid))
+    }
+
+    /// CSR UID, issuedAt, credentialBlob, encryptedSecret; each u32 big-endian length-prefixed.
+    fn mac_input(&self, csr_uid: &str) -> Vec<u8> {
+        let mut input = Vec::new();
+        for field in [
+            csr_uid.as_bytes(),
+            self.issued_at.as_bytes(),
+            &self.credential_blob,
+            &self.encrypted_secret,
+        ] {
+            input.extend_from_slice(&(field.len() as u32).to_be_bytes());
+            input.extend_from_slice(field);
+        }
+        input
+    }
+}
+
+fn mac_key(key: &[u8]) -> zeroize::Zeroizing<Vec<u8>> {
+    let derive = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, key);
+    zeroize::Zeroizing::new(aws_lc_rs::hmac::sign(&derive, MAC_KEY_LABEL).as_ref().to_vec())
 }
 
 /// What the challenge secret is bound to (SPEC section 5).
@@ -338,12 +398,55 @@ mod tests {
             issued_at: "2026-11-22T10:00:00Z".into(),
             credential_blob: vec![1],
             encrypted_secret: vec![2],
+            mac: vec![3],
         };
         let text = serde_json::to_string(&a).unwrap();
         assert_eq!(
             text,
-            r#"{"issuedAt":"2026-11-22T10:00:00Z","credentialBlob":"AQ==","encryptedSecret":"Ag=="}"#
+            r#"{"issuedAt":"2026-11-22T10:00:00Z","credentialBlob":"AQ==","encryptedSecret":"Ag==","mac":"Aw=="}"#
         );
         assert_eq!(serde_json::from_str::<ChallengeAnnotation>(&text).unwrap(), a);
+    }
+
+    #[test]
+    fn the_annotation_mac_binds_the_csr_every_field_and_the_key() {
+        let key = [7u8; 32];
+        let sealed = ChallengeAnnotation::sealed(&key, "uid-1", "2026-11-22T10:00:00Z".into(), vec![1], vec![2]);
+        assert!(sealed.is_authentic(&key, "uid-1"));
+        assert!(!sealed.is_authentic(&key, "uid-2"), "another CSR");
+        assert!(!sealed.is_authentic(&[8u8; 32], "uid-1"), "another key");
+        let tampered = [
+            ChallengeAnnotation {
+                issued_at: "2026-11-22T10:00:01Z".into(),
+                ..sealed.clone()
+            },
+            ChallengeAnnotation {
+                credential_blob: vec![9],
+                ..sealed.clone()
+            },
+            ChallengeAnnotation {
+                encrypted_secret: vec![9],
+                ..sealed.clone()
+            },
+            ChallengeAnnotation {
+                mac: sealed.mac[..31].to_vec(),
+                ..sealed.clone()
+            },
+            ChallengeAnnotation {
+                mac: Vec::new(),
+                ..sealed.clone()
+            },
+            // Field boundaries matter: moving a byte between blobs changes the mac.
+            ChallengeAnnotation {
+                credential_blob: vec![1, 2],
+                encrypted_secret: vec![],
+                ..sealed.clone()
+            },
+        ];
+        for forged in tampered {
+            assert!(!forged.is_authentic(&key, "uid-1"), "{forged:?}");
+        }
+        let without_mac = r#"{"issuedAt":"2026-11-22T10:00:00Z","credentialBlob":"AQ==","encryptedSecret":"Ag=="}"#;
+        assert!(serde_json::from_str::<ChallengeAnnotation>(without_mac).is_err());
     }
 }

@@ -7,6 +7,7 @@
 //! storing. Verification is pure apart from MakeCredential's randomness.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
@@ -44,8 +45,55 @@ pub const MIN_CHALLENGE_KEY: usize = 32;
 pub struct TpmVerifier {
     ek_trust: Option<EkTrust>,
     trust_on_first_use: bool,
-    challenge_key: Zeroizing<Vec<u8>>,
+    challenge_key: ChallengeKey,
     challenge_ttl: Duration,
+}
+
+/// The key challenge secrets and annotation macs are derived under, shared between the verifier
+/// and whoever loads it. The controller loads it from its Secret only when a `tpm/v1` CSR first
+/// needs it, so a signer whose namespace holds no Secret yet still serves `insecure/v1`
+/// clusters; until it is loaded, the verifier holds `tpm/v1` CSRs back
+/// ([`Verification::Pending`]) instead of judging them.
+#[derive(Clone, Default)]
+pub struct ChallengeKey(Arc<OnceLock<Zeroizing<Vec<u8>>>>);
+
+impl std::fmt::Debug for ChallengeKey {
+    // The key is never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_loaded() {
+            "ChallengeKey(loaded)"
+        } else {
+            "ChallengeKey(not loaded)"
+        })
+    }
+}
+
+impl ChallengeKey {
+    /// A key known now.
+    pub fn loaded(key: Vec<u8>) -> Result<Self, WeakChallengeKey> {
+        let slot = Self::default();
+        slot.load(key)?;
+        Ok(slot)
+    }
+
+    /// Sets the key; the first one set stays (every replica reads the same Secret).
+    pub fn load(&self, key: Vec<u8>) -> Result<(), WeakChallengeKey> {
+        let key = Zeroizing::new(key);
+        if key.len() < MIN_CHALLENGE_KEY {
+            return Err(WeakChallengeKey(key.len()));
+        }
+        let _ = self.0.set(key);
+        Ok(())
+    }
+
+    /// Whether the key is there.
+    pub fn is_loaded(&self) -> bool {
+        self.0.get().is_some()
+    }
+
+    fn bytes(&self) -> Option<&[u8]> {
+        self.0.get().map(|k| k.as_slice())
+    }
 }
 
 impl std::fmt::Debug for TpmVerifier {
@@ -68,16 +116,17 @@ impl TpmVerifier {
     /// A verifier deriving challenge secrets under `challenge_key` (the management-cluster
     /// Secret's bytes), trusting EKs by pin and claim only until configured further.
     pub fn new(challenge_key: Vec<u8>) -> Result<Self, WeakChallengeKey> {
-        let key = Zeroizing::new(challenge_key);
-        if key.len() < MIN_CHALLENGE_KEY {
-            return Err(WeakChallengeKey(key.len()));
-        }
-        Ok(Self {
+        Ok(Self::with_challenge_key(ChallengeKey::loaded(challenge_key)?))
+    }
+
+    /// A verifier whose challenge key is loaded later, into `challenge_key`.
+    pub fn with_challenge_key(challenge_key: ChallengeKey) -> Self {
+        Self {
             ek_trust: None,
             trust_on_first_use: false,
-            challenge_key: key,
+            challenge_key,
             challenge_ttl: DEFAULT_CHALLENGE_TTL,
-        })
+        }
     }
 
     /// Also trusts EKs whose certificate chains to these anchors (`--tpm-ek-ca-bundle`).
@@ -202,7 +251,7 @@ impl TpmVerifier {
         })
     }
 
-    fn phase_one(&self, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    fn phase_one(&self, key: &[u8], evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let attested = self.attest(evidence, data)?;
         if attested.quote.extra_data != sha256(&evidence.csr.spki_der) {
             return Err(invalid(
@@ -219,7 +268,7 @@ impl TpmVerifier {
         // race the node. A requester-made one only fails the requester (its secret is derived
         // under a key the requester does not have).
         if let Some(existing) = evidence.object.annotations.get(ANNOTATION_TPM_CHALLENGE) {
-            let issued_at = self.challenge_issued_at(existing, evidence.now)?;
+            let issued_at = self.live_challenge(key, &evidence.object.uid, existing, evidence.now)?;
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
                 note: note(&format!(
@@ -230,7 +279,7 @@ impl TpmVerifier {
                 ek_sha256: Some(attested.ek_sha256),
             });
         }
-        let pending = self.pending_for(evidence);
+        let pending = self.pending_for(key, evidence);
         if pending >= MAX_PENDING_CHALLENGES {
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
@@ -241,14 +290,16 @@ impl TpmVerifier {
             });
         }
         let issued_at = evidence.now.replace_nanosecond(0).unwrap_or(evidence.now);
-        let secret = self.secret(evidence, evidence.object.uid.as_str(), &attested, issued_at);
+        let secret = secret(key, evidence, evidence.object.uid.as_str(), &attested, issued_at);
         let credential = make_credential(&attested.ek, &attested.ak.name(), secret.as_slice())
             .map_err(|e| invalid(format!("MakeCredential for this EK: {e}")))?;
-        let annotation = ChallengeAnnotation {
-            issued_at: fmt_time(issued_at),
-            credential_blob: credential.credential_blob,
-            encrypted_secret: credential.encrypted_secret,
-        };
+        let annotation = ChallengeAnnotation::sealed(
+            key,
+            &evidence.object.uid,
+            fmt_time(issued_at),
+            credential.credential_blob,
+            credential.encrypted_secret,
+        );
         let value = serde_json::to_string(&annotation).map_err(|e| invalid(format!("challenge annotation: {e}")))?;
         Ok(Verification::Challenge {
             annotations: BTreeMap::from([(ANNOTATION_TPM_CHALLENGE.to_owned(), value)]),
@@ -260,7 +311,7 @@ impl TpmVerifier {
         })
     }
 
-    fn phase_two(&self, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    fn phase_two(&self, key: &[u8], evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let Some(reference) = &data.challenge else {
             return Err(invalid("phase 2 names no CSR #1"));
         };
@@ -298,10 +349,10 @@ impl TpmVerifier {
             .annotations
             .get(ANNOTATION_TPM_CHALLENGE)
             .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} carries no challenge", first.name)))?;
-        let issued_at = self.challenge_issued_at(annotation, evidence.now)?;
+        let issued_at = self.live_challenge(key, &first.uid, annotation, evidence.now)?;
 
         let attested = self.attest(evidence, data)?;
-        let secret = self.secret(evidence, &first.uid, &attested, issued_at);
+        let secret = secret(key, evidence, &first.uid, &attested, issued_at);
         let expected = phase_two_extra_data(&evidence.csr.spki_der, secret.as_slice());
         if attested.quote.extra_data != expected {
             return Err(challenge_failed(
@@ -321,20 +372,22 @@ impl TpmVerifier {
         })
     }
 
-    /// Live challenges on other CSRs for this CSR's provider ID.
-    fn pending_for(&self, evidence: &Evidence<'_>) -> usize {
+    /// Live challenges this signer issued on other `tpm/v1` CSRs for this CSR's provider ID.
+    /// Only authenticated ones count: anyone who can create a CSR can write the annotation, and
+    /// counting those would let them use up another node's challenges.
+    fn pending_for(&self, key: &[u8], evidence: &Evidence<'_>) -> usize {
         let provider_id = |csr: &ParsedCsr| csr.provider_id_extensions().next().map(|e| e.value.clone());
         let ours = provider_id(evidence.csr);
         evidence
             .csrs
             .pending_with(ANNOTATION_TPM_CHALLENGE)
             .iter()
-            .filter(|other| other.uid != evidence.object.uid)
+            .filter(|other| other.uid != evidence.object.uid && other.signer_name == SIGNER_TPM)
             .filter(|other| {
                 other
                     .annotations
                     .get(ANNOTATION_TPM_CHALLENGE)
-                    .is_some_and(|a| self.challenge_issued_at(a, evidence.now).is_ok())
+                    .is_some_and(|a| self.live_challenge(key, &other.uid, a, evidence.now).is_ok())
             })
             .filter(|other| {
                 RequestEnvelope::parse(&other.request)
@@ -345,10 +398,22 @@ impl TpmVerifier {
             .count()
     }
 
-    /// Reads a challenge annotation's `issuedAt` and checks it is neither expired nor ahead.
-    fn challenge_issued_at(&self, annotation: &str, now: OffsetDateTime) -> Result<OffsetDateTime, Refusal> {
+    /// Reads the challenge annotation of CSR `csr_uid`, checks its mac is this signer's, and
+    /// returns its `issuedAt` when it is neither expired nor ahead.
+    fn live_challenge(
+        &self,
+        key: &[u8],
+        csr_uid: &str,
+        annotation: &str,
+        now: OffsetDateTime,
+    ) -> Result<OffsetDateTime, Refusal> {
         let parsed: ChallengeAnnotation = serde_json::from_str(annotation)
             .map_err(|e| challenge_failed(format!("the challenge annotation is not this signer's: {e}")))?;
+        if !parsed.is_authentic(key, csr_uid) {
+            return Err(challenge_failed(
+                "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
+            ));
+        }
         let issued_at = OffsetDateTime::parse(&parsed.issued_at, &Rfc3339)
             .map_err(|e| challenge_failed(format!("the challenge's issuedAt does not parse: {e}")))?;
         if issued_at > now + CLOCK_SKEW {
@@ -366,27 +431,27 @@ impl TpmVerifier {
         }
         Ok(issued_at)
     }
+}
 
-    fn secret(
-        &self,
-        evidence: &Evidence<'_>,
-        first_uid: &str,
-        attested: &Attested,
-        issued_at: OffsetDateTime,
-    ) -> Zeroizing<[u8; 32]> {
-        let spki_sha256 = sha256(&evidence.csr.spki_der);
-        Zeroizing::new(challenge_secret(
-            &self.challenge_key,
-            &ChallengeBinding {
-                cluster_uid: &evidence.cluster.uid,
-                csr_uid: first_uid,
-                spki_sha256: &spki_sha256,
-                ak_name: &attested.ak.name(),
-                ek_sha256: &attested.ek_sha256,
-                issued_at,
-            },
-        ))
-    }
+fn secret(
+    key: &[u8],
+    evidence: &Evidence<'_>,
+    first_uid: &str,
+    attested: &Attested,
+    issued_at: OffsetDateTime,
+) -> Zeroizing<[u8; 32]> {
+    let spki_sha256 = sha256(&evidence.csr.spki_der);
+    Zeroizing::new(challenge_secret(
+        key,
+        &ChallengeBinding {
+            cluster_uid: &evidence.cluster.uid,
+            csr_uid: first_uid,
+            spki_sha256: &spki_sha256,
+            ak_name: &attested.ak.name(),
+            ek_sha256: &attested.ek_sha256,
+            issued_at,
+        },
+    ))
 }
 
 fn fmt_time(t: OffsetDateTime) -> String {
@@ -477,13 +542,19 @@ impl Verifier for TpmVerifier {
     }
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
+        let Some(key) = self.challenge_key.bytes() else {
+            return Verification::Pending {
+                message: "the signer has not loaded its tpm/v1 challenge key yet (see the signer's log and the Cluster's Events)"
+                    .into(),
+            };
+        };
         let outcome = match evidence.data {
             None => Err(invalid("tpm/v1 needs an ATTESTATION DATA block")),
             Some(bytes) => TpmData::parse(bytes)
                 .map_err(|e| invalid(e.to_string()))
                 .and_then(|data| match data.phase {
-                    1 => self.phase_one(evidence, &data),
-                    _ => self.phase_two(evidence, &data),
+                    1 => self.phase_one(key, evidence, &data),
+                    _ => self.phase_two(key, evidence, &data),
                 }),
         };
         outcome.unwrap_or_else(|(reason, message)| Verification::Failed { reason, message })

@@ -1,8 +1,17 @@
 //! The `tpm/v1` challenge key: 32 random bytes in a Secret of the signer's namespace. Challenge
-//! secrets are derived under it (SPEC section 5), so a challenge issued by one replica is
-//! checked by any other, after any restart, and readers of CSRs cannot compute it.
+//! secrets and challenge annotation macs are derived under it (SPEC section 5), so a challenge
+//! issued by one replica is checked by any other, after any restart, and readers of CSRs can
+//! neither compute a secret nor forge a challenge.
+//!
+//! The key is loaded when a `tpm/v1` CSR first needs it, not at start: a signer whose namespace
+//! does not exist (run with a kubeconfig outside the cluster) or that may not create Secrets
+//! still serves its `insecure/v1` clusters, and holds `tpm/v1` CSRs with a Warning Event and a
+//! log line saying what to do.
+
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use attestation::tpm::verifier::ChallengeKey;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ObjectMeta, PostParams};
@@ -10,6 +19,85 @@ use kube::{Api, Client};
 
 /// The Secret's data key.
 pub const KEY: &str = "key";
+
+/// Least time between two attempts to load the key after one failed.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// Loads the challenge key into the [`ChallengeKey`] the `tpm/v1` verifier holds, on demand.
+pub struct ChallengeKeyLoader {
+    client: Client,
+    namespace: String,
+    name: String,
+    key: ChallengeKey,
+    last_failure: tokio::sync::Mutex<Option<(Instant, String)>>,
+}
+
+/// The key could not be loaded.
+#[derive(Debug, Clone)]
+pub struct LoadFailure {
+    /// What failed and what to do.
+    pub message: String,
+    /// This call made the attempt (its caller reports it); otherwise an earlier attempt's
+    /// failure is returned, to keep the apiserver from being asked on every CSR.
+    pub fresh: bool,
+}
+
+impl ChallengeKeyLoader {
+    /// A loader for Secret `namespace/name`.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Self {
+        Self {
+            client,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            key: ChallengeKey::default(),
+            last_failure: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// The slot the verifier reads.
+    pub fn key(&self) -> ChallengeKey {
+        self.key.clone()
+    }
+
+    /// Loads the key unless it is loaded; at most one attempt per [`RETRY_AFTER`] after a failure.
+    pub async fn ensure(&self) -> Result<(), LoadFailure> {
+        if self.key.is_loaded() {
+            return Ok(());
+        }
+        let mut last = self.last_failure.lock().await;
+        if self.key.is_loaded() {
+            return Ok(());
+        }
+        if let Some((at, message)) = last.as_ref()
+            && at.elapsed() < RETRY_AFTER
+        {
+            return Err(LoadFailure {
+                message: message.clone(),
+                fresh: false,
+            });
+        }
+        let loaded = load_or_create(self.client.clone(), &self.namespace, &self.name)
+            .await
+            .and_then(|bytes| self.key.load(bytes).map_err(anyhow::Error::from));
+        match loaded {
+            Ok(()) => {
+                *last = None;
+                Ok(())
+            }
+            Err(e) => {
+                let message = format!(
+                    "tpm/v1 CSRs are held: {e:#}. Create namespace {ns} (or point POD_NAMESPACE / \
+                     --leader-election-namespace at the signer's namespace) and let the signer get and \
+                     create Secrets there (config/rbac); it retries on its own",
+                    ns = self.namespace
+                );
+                tracing::warn!(secret = %format!("{}/{}", self.namespace, self.name), "{message}");
+                *last = Some((Instant::now(), message.clone()));
+                Err(LoadFailure { message, fresh: true })
+            }
+        }
+    }
+}
 
 /// Reads the key, creating the Secret first when it does not exist. Two replicas racing to
 /// create it both end up with the one that landed.

@@ -3,6 +3,8 @@
 //! - [`management`]: watch caches of Cluster API objects, the claim write, Secrets.
 //! - [`fleet`]: which workload clusters are served (opt-in, Secrets, shared-CA refusal).
 //! - [`workload`]: one workload cluster's CSR watch, queue and fetch -> decide -> apply loop.
+//! - [`nodes`]: one workload cluster's Nodes by provider ID, from a watch.
+//! - [`challenge_key`]: the `tpm/v1` challenge key, loaded when a TPM CSR first needs it.
 //! - [`queue`]: bounded, deduplicating per-cluster queues.
 //! - [`metrics`] and [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 //!
@@ -14,6 +16,7 @@ pub mod fleet;
 pub mod http;
 pub mod management;
 pub mod metrics;
+pub mod nodes;
 pub mod queue;
 pub mod workload;
 
@@ -106,14 +109,15 @@ pub struct RunArgs {
     pub tpm_challenge_ttl: std::time::Duration,
 }
 
-/// The verifiers: `insecure/v1`, and `tpm/v1` configured from the flags and `challenge_key`.
+/// The verifiers: `insecure/v1`, and `tpm/v1` configured from the flags and `challenge_key`
+/// (loaded now, or later by [`challenge_key::ChallengeKeyLoader`]).
 pub fn verifiers(
-    challenge_key: Vec<u8>,
+    challenge_key: attestation::tpm::verifier::ChallengeKey,
     ek_ca_bundle: Option<&std::path::Path>,
     trust_on_first_use: bool,
     challenge_ttl: std::time::Duration,
 ) -> Result<Verifiers> {
-    let mut tpm = attestation::tpm::TpmVerifier::new(challenge_key)?
+    let mut tpm = attestation::tpm::TpmVerifier::with_challenge_key(challenge_key)
         .with_trust_on_first_use(trust_on_first_use)
         .with_challenge_ttl(time::Duration::try_from(challenge_ttl).context("--tpm-challenge-ttl is too large")?);
     if let Some(path) = ek_ca_bundle {
@@ -253,14 +257,18 @@ async fn serve(args: &RunArgs) -> Result<()> {
     metrics.leader(true);
     tracing::info!(%identity, "leading: serving opted-in clusters");
 
-    let challenge_key = challenge_key::load_or_create(
+    let challenge_key = Arc::new(challenge_key::ChallengeKeyLoader::new(
         client.clone(),
         &args.leader_election_namespace,
         &args.tpm_challenge_key_secret,
-    )
-    .await?;
+    ));
+    // Loaded ahead of the first tpm/v1 CSR when it can be; a failure only holds tpm/v1 CSRs.
+    tokio::spawn({
+        let loader = Arc::clone(&challenge_key);
+        async move { loader.ensure().await }
+    });
     let verifiers = verifiers(
-        challenge_key,
+        challenge_key.key(),
         args.tpm_ek_ca_bundle.as_deref(),
         args.tpm_trust_on_first_use,
         args.tpm_challenge_ttl,
@@ -277,6 +285,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             },
         ),
         verifiers,
+        challenge_key,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
         settings: workload::Settings {
             client_cert_duration: time::Duration::try_from(args.client_cert_duration)

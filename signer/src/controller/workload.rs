@@ -36,6 +36,7 @@ use tracing::Instrument;
 
 use super::management::{ApplyError, Backoff, Management};
 use super::metrics::{ClusterState, DecisionLabels, Metrics};
+use super::nodes::NodeIndex;
 use super::queue::{Pushed, WorkQueue};
 use crate::csr_object::{Stage, csr_object, stage};
 
@@ -73,6 +74,8 @@ pub struct Shared {
     pub recorder: Recorder,
     /// Attestation verifiers.
     pub verifiers: Verifiers,
+    /// Loads the `tpm/v1` challenge key the verifiers derive under, when a TPM CSR needs it.
+    pub challenge_key: Arc<super::challenge_key::ChallengeKeyLoader>,
     /// Decisions (the CPU-bound part) across all clusters. Tokio's semaphore is FIFO, so
     /// clusters take turns: a flooded cluster waits behind one CSR of each other cluster.
     pub crypto: Semaphore,
@@ -90,6 +93,7 @@ pub struct Worker {
     shared: Arc<Shared>,
     queue: WorkQueue,
     csrs: Store<CertificateSigningRequest>,
+    nodes: NodeIndex,
     writer: Mutex<Option<reflector::store::Writer<CertificateSigningRequest>>>,
     first_seen: Mutex<HashMap<String, OffsetDateTime>>,
     attempts: Mutex<HashMap<String, u32>>,
@@ -128,19 +132,26 @@ fn needs_us(csr: &CertificateSigningRequest) -> bool {
     }
 }
 
-/// The one Node a decision looks at, fetched before deciding.
-struct OneNode {
+/// The one Node a decision looks at by name, fetched before deciding (fresh from the
+/// apiserver: a Node registered a moment ago counts), and the worker's Node index for lookups
+/// by provider ID.
+struct OneNode<'a> {
     name: String,
     lookup: NodeLookup,
+    index: &'a NodeIndex,
 }
 
-impl NodeDirectory for OneNode {
+impl NodeDirectory for OneNode<'_> {
     fn node(&self, name: &str) -> NodeLookup {
         if name == self.name {
             self.lookup.clone()
         } else {
             NodeLookup::Unavailable(format!("Node {name} was not fetched"))
         }
+    }
+
+    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
+        self.index.with_provider_id(provider_id)
     }
 }
 
@@ -201,6 +212,7 @@ impl Worker {
             shared,
             queue: WorkQueue::new(capacity),
             csrs,
+            nodes: NodeIndex::default(),
             writer: Mutex::new(Some(writer)),
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
@@ -230,6 +242,10 @@ impl Worker {
             let mut tasks = tokio::task::JoinSet::new();
             tasks.spawn(Arc::clone(&self).legacy_binding_loop().in_current_span());
             tasks.spawn(Arc::clone(&self).resync_loop().in_current_span());
+            tasks.spawn({
+                let worker = Arc::clone(&self);
+                async move { worker.nodes.watch(worker.client.clone()).await }.in_current_span()
+            });
             for _ in 0..self.shared.settings.concurrency.max(1) {
                 tasks.spawn(Arc::clone(&self).process_loop().in_current_span());
             }
@@ -332,6 +348,14 @@ impl Worker {
         let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
             return;
         };
+        if csr.spec.signer_name == attestation::names::SIGNER_TPM
+            && let Err(failure) = self.shared.challenge_key.ensure().await
+            && failure.fresh
+        {
+            // The verifier holds the CSR (pending) until the key is there.
+            self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message)
+                .await;
+        }
         let now = OffsetDateTime::now_utc();
         let object = csr_object(&csr);
         let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
@@ -403,11 +427,12 @@ impl Worker {
         }
     }
 
-    async fn lookup_node(&self, csr: &CsrObject) -> OneNode {
+    async fn lookup_node(&self, csr: &CsrObject) -> OneNode<'_> {
         let Some(name) = attestation::requested_node_name(&csr.request) else {
             return OneNode {
                 name: String::new(),
                 lookup: NodeLookup::Absent,
+                index: &self.nodes,
             };
         };
         let api: Api<Node> = Api::all(self.client.clone());
@@ -427,6 +452,7 @@ impl Worker {
         OneNode {
             name: name.as_str().to_owned(),
             lookup,
+            index: &self.nodes,
         }
     }
 

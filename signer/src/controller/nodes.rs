@@ -1,0 +1,208 @@
+//! One workload cluster's Nodes, reduced to name and provider ID.
+//!
+//! Rule 11 asks whether any Node already carries a Machine's or pool instance's provider ID
+//! (a pool instance has no name of its own to look up, and a node may register under any
+//! name). No field selector answers that, and a list per CSR would cost a full Node list on
+//! every decision, so each worker keeps this index from one Node watch. Only two strings per
+//! Node are kept; the watch's objects are dropped as they arrive.
+//!
+//! Until the first list completes, and after the watch fails, lookups answer
+//! [`NodeLookup::Unavailable`]: the rule engine then holds initial requests instead of
+//! guessing that no Node exists.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::RwLock;
+
+use attestation::NodeLookup;
+use attestation::machine::NodeView;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+
+use super::management::Backoff;
+
+/// Nodes by name and by provider ID, kept by [`NodeIndex::watch`].
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    state: RwLock<IndexState>,
+}
+
+#[derive(Debug, Default)]
+struct IndexState {
+    /// The watch has listed every Node and is not failing now.
+    live: bool,
+    /// Why it is not live, for the rule's message.
+    why_not: Option<String>,
+    by_name: HashMap<String, Option<String>>,
+    by_provider_id: HashMap<String, BTreeSet<String>>,
+    /// Nodes of a relist in progress, swapped in when it completes.
+    relist: Option<HashMap<String, Option<String>>>,
+}
+
+impl IndexState {
+    fn insert(&mut self, name: String, provider_id: Option<String>) {
+        self.remove(&name);
+        if let Some(pid) = &provider_id {
+            self.by_provider_id.entry(pid.clone()).or_default().insert(name.clone());
+        }
+        self.by_name.insert(name, provider_id);
+    }
+
+    fn remove(&mut self, name: &str) {
+        if let Some(Some(pid)) = self.by_name.remove(name)
+            && let Some(names) = self.by_provider_id.get_mut(&pid)
+        {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_provider_id.remove(&pid);
+            }
+        }
+    }
+
+    fn replace_all(&mut self, nodes: HashMap<String, Option<String>>) {
+        self.by_name.clear();
+        self.by_provider_id.clear();
+        for (name, pid) in nodes {
+            self.insert(name, pid);
+        }
+    }
+}
+
+fn provider_id(node: &Node) -> Option<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .filter(|p| !p.is_empty())
+}
+
+impl NodeIndex {
+    /// A Node carrying `provider_id`.
+    pub fn with_provider_id(&self, provider_id: &str) -> NodeLookup {
+        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !state.live {
+            return NodeLookup::Unavailable(
+                state
+                    .why_not
+                    .clone()
+                    .unwrap_or_else(|| "the workload cluster's Nodes are not listed yet".to_owned()),
+            );
+        }
+        match state.by_provider_id.get(provider_id).and_then(|names| names.first()) {
+            Some(name) => NodeLookup::Found(NodeView {
+                name: name.clone(),
+                provider_id: Some(provider_id.to_owned()),
+            }),
+            None => NodeLookup::Absent,
+        }
+    }
+
+    /// Number of Nodes indexed.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .by_name
+            .len()
+    }
+
+    fn apply(&self, event: watcher::Event<Node>) {
+        let mut state = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match event {
+            watcher::Event::Init => state.relist = Some(HashMap::new()),
+            watcher::Event::InitApply(node) => {
+                let entry = (node.name_any(), provider_id(&node));
+                match state.relist.as_mut() {
+                    Some(relist) => {
+                        relist.insert(entry.0, entry.1);
+                    }
+                    None => state.insert(entry.0, entry.1),
+                }
+            }
+            watcher::Event::InitDone => {
+                let nodes = state.relist.take().unwrap_or_default();
+                state.replace_all(nodes);
+                state.live = true;
+                state.why_not = None;
+            }
+            watcher::Event::Apply(node) => state.insert(node.name_any(), provider_id(&node)),
+            watcher::Event::Delete(node) => state.remove(&node.name_any()),
+        }
+    }
+
+    fn failed(&self, why: String) {
+        let mut state = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.live = false;
+        state.why_not = Some(why);
+    }
+
+    /// Keeps the index from a Node watch until the future is dropped.
+    pub async fn watch(&self, client: Client) {
+        let api: Api<Node> = Api::all(client);
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        let mut backoff = Backoff::default();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(event) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        backoff.reset();
+                    }
+                    self.apply(event);
+                }
+                Err(e) => {
+                    self.failed(format!("the Node watch of the workload cluster failed: {e}"));
+                    backoff.wait().await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, pid: Option<&str>) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some(name.into());
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            provider_id: pid.map(str::to_owned),
+            ..Default::default()
+        });
+        node
+    }
+
+    #[test]
+    fn lookups_wait_for_the_first_list_then_follow_the_watch() {
+        let index = NodeIndex::default();
+        assert!(matches!(index.with_provider_id("p-1"), NodeLookup::Unavailable(_)));
+        index.apply(watcher::Event::Init);
+        index.apply(watcher::Event::InitApply(node("a", Some("p-1"))));
+        assert!(
+            matches!(index.with_provider_id("p-1"), NodeLookup::Unavailable(_)),
+            "half a list is no answer"
+        );
+        index.apply(watcher::Event::InitDone);
+        assert!(matches!(index.with_provider_id("p-1"), NodeLookup::Found(ref n) if n.name == "a"));
+        assert_eq!(index.with_provider_id("p-2"), NodeLookup::Absent);
+
+        // A Node whose provider ID changes, one deleted, one added.
+        index.apply(watcher::Event::Apply(node("a", Some("p-2"))));
+        assert_eq!(index.with_provider_id("p-1"), NodeLookup::Absent);
+        assert!(matches!(index.with_provider_id("p-2"), NodeLookup::Found(_)));
+        index.apply(watcher::Event::Delete(node("a", Some("p-2"))));
+        assert_eq!(index.with_provider_id("p-2"), NodeLookup::Absent);
+        index.apply(watcher::Event::Apply(node("b", None)));
+        assert_eq!(index.len(), 1);
+
+        // A relist replaces everything; a failure makes lookups wait again.
+        index.apply(watcher::Event::Init);
+        index.apply(watcher::Event::InitApply(node("c", Some("p-3"))));
+        index.apply(watcher::Event::InitDone);
+        assert_eq!(index.len(), 1);
+        assert!(matches!(index.with_provider_id("p-3"), NodeLookup::Found(_)));
+        index.failed("gone".into());
+        assert_eq!(index.with_provider_id("p-3"), NodeLookup::Unavailable("gone".into()));
+    }
+}
