@@ -32,14 +32,12 @@ pub struct ChallengeKeyLoader {
     last_failure: tokio::sync::Mutex<Option<(Instant, String)>>,
 }
 
-/// The key could not be loaded.
+/// The key could not be loaded (now, or at the last attempt: the apiserver is asked at most
+/// once per [`RETRY_AFTER`], not on every CSR).
 #[derive(Debug, Clone)]
 pub struct LoadFailure {
     /// What failed and what to do.
     pub message: String,
-    /// This call made the attempt (its caller reports it); otherwise an earlier attempt's
-    /// failure is returned, to keep the apiserver from being asked on every CSR.
-    pub fresh: bool,
 }
 
 impl ChallengeKeyLoader {
@@ -73,7 +71,6 @@ impl ChallengeKeyLoader {
         {
             return Err(LoadFailure {
                 message: message.clone(),
-                fresh: false,
             });
         }
         let loaded = load_or_create(self.client.clone(), &self.namespace, &self.name)
@@ -93,7 +90,7 @@ impl ChallengeKeyLoader {
                 );
                 tracing::warn!(secret = %format!("{}/{}", self.namespace, self.name), "{message}");
                 *last = Some((Instant::now(), message.clone()));
-                Err(LoadFailure { message, fresh: true })
+                Err(LoadFailure { message })
             }
         }
     }

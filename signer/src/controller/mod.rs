@@ -237,7 +237,14 @@ async fn serve(args: &RunArgs) -> Result<()> {
             .with_grace(5)
             .build()
             .await
-            .context("cannot set up leader election")?;
+            .with_context(|| {
+                format!(
+                    "cannot set up leader election with Lease {ns}/{id}: create namespace {ns} (or set \
+                     POD_NAMESPACE / --leader-election-namespace), or run one replica with --leader-elect=false",
+                    ns = args.leader_election_namespace,
+                    id = args.leader_election_id
+                )
+            })?;
         let (mut channel, task) = manager.watch().await;
         tracing::info!(
             lease = %format!("{}/{}", args.leader_election_namespace, args.leader_election_id),

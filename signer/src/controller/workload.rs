@@ -98,7 +98,12 @@ pub struct Worker {
     first_seen: Mutex<HashMap<String, OffsetDateTime>>,
     attempts: Mutex<HashMap<String, u32>>,
     state: Mutex<ClusterState>,
+    /// When this cluster's owner was last told the `tpm/v1` challenge key is missing.
+    key_warned: Mutex<Option<std::time::Instant>>,
 }
+
+/// Least time between two `TpmChallengeKeyUnavailable` Events on one Cluster.
+const KEY_WARNING_INTERVAL: Duration = Duration::from_secs(300);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -217,6 +222,7 @@ impl Worker {
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
             state: Mutex::new(ClusterState::Unreachable),
+            key_warned: Mutex::default(),
         })
     }
 
@@ -350,11 +356,21 @@ impl Worker {
         };
         if csr.spec.signer_name == attestation::names::SIGNER_TPM
             && let Err(failure) = self.shared.challenge_key.ensure().await
-            && failure.fresh
         {
-            // The verifier holds the CSR (pending) until the key is there.
-            self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message)
-                .await;
+            // The verifier holds the CSR (pending) until the key is there; the Cluster's owner
+            // hears why, once per KEY_WARNING_INTERVAL.
+            let due = {
+                let mut warned = lock(&self.key_warned);
+                let due = warned.is_none_or(|at| at.elapsed() >= KEY_WARNING_INTERVAL);
+                if due {
+                    *warned = Some(std::time::Instant::now());
+                }
+                due
+            };
+            if due {
+                self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message)
+                    .await;
+            }
         }
         let now = OffsetDateTime::now_utc();
         let object = csr_object(&csr);
