@@ -51,10 +51,9 @@ async fn csrs_for(admin: &kube::Client, node: &str) -> Vec<CertificateSigningReq
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
-    let Some(env) = Envtest::start("envtest_exec") else {
-        return;
-    };
+    let env = Envtest::start("envtest_exec");
     env.install_capi_crds();
     let admin = live::client(&env.admin_kubeconfig).await;
     let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;

@@ -27,10 +27,9 @@ fn ok(out: std::process::Output, what: &str) -> String {
 }
 
 #[test]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 fn a_csr_filed_with_a_bootstrap_token_is_approved_offline_and_its_certificate_is_the_node() {
-    let Some(env) = Envtest::start("envtest_check_flow") else {
-        return;
-    };
+    let env = Envtest::start("envtest_check_flow");
     env.install_capi_crds();
 
     // Management side (one apiserver plays both clusters here).

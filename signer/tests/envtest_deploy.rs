@@ -18,10 +18,9 @@ use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn the_kustomizations_apply_cleanly_and_the_service_account_can_do_the_job() {
-    let Some(env) = Envtest::start("envtest_deploy") else {
-        return;
-    };
+    let env = Envtest::start("envtest_deploy");
     env.install_capi_crds();
     for kustomization in ["config/default", "config/workload"] {
         let dir = tests::repo_root().join(kustomization);

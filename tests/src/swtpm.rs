@@ -1,6 +1,8 @@
 //! A software TPM 2.0 for the suites: Debian's swtpm, provisioned by `swtpm_setup` with an EK
 //! certificate from `swtpm_localca`, driven with tpm2-tools over the swtpm TCTI. Without the
-//! programs, [`Swtpm::start`] says so loudly and returns `None`, and the suite skips.
+//! programs, [`Swtpm::start`] panics saying what to install: the suites that call it are
+//! `#[ignore = "needs swtpm"]`, and `scripts/test` runs them only where swtpm is installed
+//! (elsewhere nextest counts them as skipped).
 
 use crate::envtest::free_port;
 use std::net::TcpStream;
@@ -24,20 +26,43 @@ fn have(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The programs a [`Swtpm`] needs that are not on `PATH`.
+pub fn missing_programs() -> Vec<&'static str> {
+    ["swtpm", "swtpm_setup", "tpm2_createek", "tpm2_activatecredential"]
+        .into_iter()
+        .filter(|p| !have(p))
+        .collect()
+}
+
 impl Swtpm {
-    /// Provisions and starts a fresh TPM; `None` (with a message) without swtpm or tpm2-tools.
-    pub fn start(suite: &str) -> Option<Self> {
-        let missing: Vec<&str> = ["swtpm", "swtpm_setup", "tpm2_createek", "tpm2_activatecredential"]
-            .into_iter()
-            .filter(|p| !have(p))
-            .collect();
-        if !missing.is_empty() {
+    /// Provisions and starts a fresh TPM. Panics, saying what to install, without swtpm or
+    /// tpm2-tools: a suite run without the real parts fails, it does not pass.
+    pub fn start(suite: &str) -> Self {
+        let missing = missing_programs();
+        assert!(
+            missing.is_empty(),
+            "{suite} needs a software TPM: {} not installed; install Debian swtpm swtpm-tools tpm2-tools (scripts/deps does, as root), or run scripts/test, which skips this test without them",
+            missing.join(", ")
+        );
+        Self::provision()
+    }
+
+    /// Like [`Swtpm::start`], for benchmarks: `None`, with a SKIPPED line, without swtpm or
+    /// tpm2-tools.
+    pub fn start_if_installed(suite: &str) -> Option<Self> {
+        let missing = missing_programs();
+        if missing.is_empty() {
+            Some(Self::provision())
+        } else {
             eprintln!(
-                "SKIPPED {suite}: {} not installed (Debian: swtpm swtpm-tools tpm2-tools); this suite needs a software TPM",
+                "SKIPPED {suite}: {} not installed (Debian: swtpm swtpm-tools tpm2-tools)",
                 missing.join(", ")
             );
-            return None;
+            None
         }
+    }
+
+    fn provision() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let state = dir.path().join("state");
         std::fs::create_dir(&state).expect("state dir");
@@ -81,11 +106,11 @@ impl Swtpm {
             assert!(Instant::now() < deadline, "swtpm did not listen on {port}");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Some(Self {
+        Self {
             child,
             dir,
             tcti: format!("swtpm:host=127.0.0.1,port={port}"),
-        })
+        }
     }
 
     /// The folder tools run in (relative file names land here).

@@ -97,19 +97,19 @@ async fn main() {
         "starting {} apiserver(s)…",
         clusters + usize::from(args.idle_clusters > 0)
     );
-    let management_env = Envtest::start("signer-load").expect("KUBEBUILDER_ASSETS is required");
+    let management_env = Envtest::start("signer-load");
     management_env.install_capi_crds();
     let management = live::client(&management_env.admin_kubeconfig).await;
     let mut envs = vec![management_env];
     for i in 1..clusters {
-        envs.push(Envtest::start(&format!("signer-load {i}")).expect("apiserver"));
+        envs.push(Envtest::start(&format!("signer-load {i}")));
     }
     let mut loaded = Vec::new();
     for (i, env) in envs.into_iter().enumerate() {
         loaded.push(Workload::register(env, &management, &format!("load-{i}"), &format!("c{i}"), "insecure").await);
     }
     let idle = if args.idle_clusters > 0 {
-        let env = Envtest::start("signer-load idle").expect("apiserver");
+        let env = Envtest::start("signer-load idle");
         let w = Workload::register(env, &management, "idle", "idle-0", "insecure").await;
         let kubeconfig = live::get(
             &management,
