@@ -85,11 +85,14 @@ pub struct CsrArgs {
     pub tpm: TpmOptions,
 }
 
+/// The TPM the node uses unless `--tpm-tcti` says otherwise: the kernel's resource manager.
+pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
+
 /// Where the TPM is and which EK it presents (for `--attestor tpm`).
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct TpmOptions {
     /// TPM TCTI, e.g. `device:/dev/tpmrm0` or `swtpm:host=127.0.0.1,port=2321`.
-    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = "device:/dev/tpmrm0")]
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_TCTI", default_value = DEFAULT_TCTI)]
     pub tpm_tcti: String,
     /// The EK presented: the TCG default template's RSA-2048 key, or its ECC P-256 key.
     #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_EK", value_enum, default_value_t = EkKind::Rsa2048)]

@@ -18,7 +18,7 @@ use crate::obtain::{Identity, Issued, Request, client, obtain};
 
 /// Flags of exec mode (and of `status` and `kubeconfig`, which describe it). Every flag also
 /// reads an environment variable.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ExecArgs {
     /// Kubeconfig with the workload apiserver and a bootstrap token.
     #[arg(

@@ -96,14 +96,21 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
         exec.provider_id_file.as_ref().map(|p| p.display().to_string()),
     );
     push("--signer-name", exec.signer_name.clone());
+    // The TPM's flags go with the tpm attestor, and with any other when they were changed (so
+    // what was asked for is what the kubeconfig runs).
     let tpm = exec.attestor == crate::csr::AttestorName::Tpm;
-    push("--tpm-tcti", tpm.then(|| exec.tpm.tpm_tcti.clone()));
+    push(
+        "--tpm-tcti",
+        (tpm || exec.tpm.tpm_tcti != crate::csr::DEFAULT_TCTI).then(|| exec.tpm.tpm_tcti.clone()),
+    );
     push(
         "--tpm-ek",
-        tpm.then(|| clap::ValueEnum::to_possible_value(&exec.tpm.tpm_ek))
+        (tpm || exec.tpm.tpm_ek != crate::csr::EkKind::Rsa2048)
+            .then(|| clap::ValueEnum::to_possible_value(&exec.tpm.tpm_ek))
             .flatten()
             .map(|v| v.get_name().to_owned()),
     );
+    push("--timeout", Some(humantime::format_duration(exec.timeout).to_string()));
     push(
         "--requested-duration",
         exec.requested_duration
@@ -174,9 +181,103 @@ mod tests {
                 "--attestor",
                 "insecure",
                 "--provider-id-file",
-                "/etc/kubernetes/provider-id"
+                "/etc/kubernetes/provider-id",
+                "--timeout",
+                "15m"
             ]
         );
         assert_eq!(parsed["clusters"][0]["cluster"]["server"], "https://10.0.0.1:6443");
+    }
+
+    /// Every flag of exec mode, found through clap, is set away from its default (another of
+    /// its possible values, or a distinct `<n>m`, which parses as a path, a name and a duration
+    /// alike); the kubeconfig is rendered and its `args` parsed back must be the same
+    /// `ExecArgs`. Flags that conflict go in separate rounds. A flag the kubeconfig forgets to
+    /// copy fails here.
+    #[test]
+    fn every_exec_flag_set_away_from_its_default_survives_the_rendered_kubeconfig() {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            exec: ExecArgs,
+        }
+        let command = <Wrapper as clap::CommandFactory>::command();
+        let mut rounds: Vec<Vec<&clap::Arg>> = Vec::new();
+        // Declared on one side only (`provider_id` conflicts with `provider_id_file`): both asked.
+        let conflict = |a: &clap::Arg, b: &clap::Arg| {
+            let names = |x: &clap::Arg, y: &clap::Arg| {
+                command
+                    .get_arg_conflicts_with(x)
+                    .iter()
+                    .any(|c| c.get_id() == y.get_id())
+            };
+            names(a, b) || names(b, a)
+        };
+        for arg in command.get_arguments() {
+            let fits = |round: &Vec<&clap::Arg>| round.iter().all(|other| !conflict(arg, other));
+            match rounds.iter_mut().find(|round| fits(round)) {
+                Some(round) => round.push(arg),
+                None => rounds.push(vec![arg]),
+            }
+        }
+        let mut distinct = 20..;
+        let mut covered = 0;
+        for round in &rounds {
+            let mut argv: Vec<Vec<String>> = Vec::new();
+            for arg in round {
+                let long = arg
+                    .get_long()
+                    .unwrap_or_else(|| panic!("{}: exec mode takes only long flags", arg.get_id()));
+                let mut tokens = vec![format!("--{long}")];
+                if arg.get_action().takes_values() {
+                    let defaults = arg.get_default_values();
+                    let other = arg
+                        .get_possible_values()
+                        .into_iter()
+                        .map(|v| v.get_name().to_owned())
+                        .find(|v| defaults.iter().all(|d| d != v.as_str()));
+                    tokens.push(other.unwrap_or_else(|| format!("{}m", distinct.next().unwrap_or_default())));
+                }
+                argv.push(tokens);
+            }
+            let parse = |flags: &[Vec<String>]| {
+                let argv = std::iter::once("x".to_owned()).chain(flags.iter().flatten().cloned());
+                Wrapper::try_parse_from(argv).map(|w| w.exec)
+            };
+            let input = parse(&argv).unwrap();
+            for (i, tokens) in argv.iter().enumerate() {
+                let mut without = argv.clone();
+                without.remove(i);
+                assert_ne!(
+                    parse(&without).unwrap(),
+                    input,
+                    "{tokens:?} is set away from its default"
+                );
+            }
+            covered += argv.len();
+
+            let args = KubeconfigArgs {
+                server: "https://10.0.0.1:6443".into(),
+                ca_file: "/etc/kubernetes/pki/ca.crt".into(),
+                command: "/usr/local/bin/kubelet-authenticator".into(),
+            };
+            let text = kubeconfig(&args, &input).unwrap();
+            let parsed: serde_json::Value = serde_yaml::from_str(&text).unwrap();
+            let rendered: Vec<String> = parsed["users"][0]["user"]["exec"]["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect();
+            let back = Wrapper::try_parse_from(std::iter::once("x".to_owned()).chain(rendered.iter().cloned()))
+                .unwrap_or_else(|e| panic!("{rendered:?} does not parse: {e}"))
+                .exec;
+            assert_eq!(back, input, "{argv:?} rendered as {rendered:?}");
+        }
+        assert_eq!(covered, command.get_arguments().count(), "every flag was tried");
+        assert!(
+            covered >= 11,
+            "clap's introspection sees the flattened flags ({covered})"
+        );
     }
 }
