@@ -3,9 +3,28 @@
 //!
 //! kube-apiserver only insists that the first PEM block is a `CERTIFICATE REQUEST`; this parser
 //! is stricter, because everything after it is read by the signer: blocks in order, each label
-//! once, no PEM headers, nothing but whitespace between or after blocks, 64 KiB at most.
+//! once, 64 KiB at most, and every block in RFC 7468's strict form, so that no other PEM reader
+//! (Go's `encoding/pem`, the `pem` crate, OpenSSL) can find a block, a byte or a boundary this
+//! one did not:
+//!
+//! - The request is a sequence of lines, each ending in LF or CRLF, the last one included. A
+//!   CR anywhere else is refused.
+//! - A block starts with a line that is exactly `-----BEGIN <label>-----` (RFC 7468 label
+//!   characters) and ends with a line that is exactly `-----END <label>-----`, same label: no
+//!   data on either line, no second block on the same line, no spaces around them.
+//! - Between them only base64 lines: `A-Z a-z 0-9 + /`, `=` padding at the very end of the
+//!   data only; no PEM headers (`Name: value`), no blank line, no space, tab, form feed,
+//!   vertical tab or non-ASCII whitespace anywhere. Line width is not checked (Go, OpenSSL and
+//!   the `pem` crate write 64 columns; a different width changes no decoded byte).
+//! - The base64 is canonical: padding present and correct, unused trailing bits zero. Data
+//!   that decodes two ways is data two readers can disagree on.
+//! - Outside blocks only empty lines. A line of spaces or tabs is refused: no producer writes
+//!   one, and "whitespace" is exactly where lenient readers differ (the `pem` crate skips any
+//!   Unicode whitespace, Go only ASCII spaces, tabs and line ends).
 
 use std::fmt;
+
+use base64::Engine;
 
 use crate::names::{MAX_REQUEST_BYTES, PEM_CSR, PEM_DATA, PEM_PROVIDER};
 
@@ -61,6 +80,12 @@ pub enum EnvelopeError {
     /// No blocks at all.
     #[error("request holds no PEM block")]
     Empty,
+    /// The last line does not end in LF or CRLF.
+    #[error("the line at offset {offset} does not end in LF or CRLF")]
+    UnterminatedLine {
+        /// Where the line starts.
+        offset: usize,
+    },
 }
 
 /// `<provider>/<version>` from the PROVIDER block, e.g. `tpm/v1`.
@@ -145,17 +170,7 @@ impl RequestEnvelope {
             return Err(EnvelopeError::TooLarge { len: request.len() });
         }
         let text = std::str::from_utf8(request).map_err(|_| EnvelopeError::NotText)?;
-        let mut blocks = Vec::with_capacity(3);
-        let mut pos = 0;
-        loop {
-            pos += leading_whitespace(&text[pos..]);
-            if pos == text.len() {
-                break;
-            }
-            let (block, end) = next_block(text, pos)?;
-            blocks.push(block);
-            pos = end;
-        }
+        let blocks = blocks(text)?;
         let mut blocks = blocks.into_iter();
         let csr = blocks.next().ok_or(EnvelopeError::Empty)?;
         expect_label(&csr, PEM_CSR, 1, "CERTIFICATE REQUEST")?;
@@ -163,7 +178,7 @@ impl RequestEnvelope {
             None => None,
             Some(block) => {
                 expect_label(&block, PEM_PROVIDER, 2, "the ATTESTATION PROVIDER block")?;
-                let value = std::str::from_utf8(block.contents()).map_err(|_| EnvelopeError::BadProvider {
+                let value = std::str::from_utf8(&block.contents).map_err(|_| EnvelopeError::BadProvider {
                     value: "<not UTF-8>".into(),
                 })?;
                 Some(ProviderVersion::parse(value)?)
@@ -173,18 +188,18 @@ impl RequestEnvelope {
             None => None,
             Some(block) => {
                 expect_label(&block, PEM_DATA, 3, "the ATTESTATION DATA block")?;
-                Some(block.into_contents())
+                Some(block.contents)
             }
         };
         if let Some(extra) = blocks.next() {
             return Err(EnvelopeError::UnexpectedBlock {
-                label: crate::identity::truncate(extra.tag(), 64),
+                label: crate::identity::truncate(extra.label, 64),
                 position: 4,
                 expected: "nothing after the ATTESTATION DATA block",
             });
         }
         Ok(Self {
-            csr_der: csr.into_contents(),
+            csr_der: csr.contents,
             provider,
             data,
         })
@@ -204,46 +219,127 @@ impl RequestEnvelope {
     }
 }
 
-fn leading_whitespace(s: &str) -> usize {
-    s.len() - s.trim_start_matches([' ', '\t', '\r', '\n']).len()
+/// One PEM block: its label and its decoded contents.
+struct Block<'a> {
+    label: &'a str,
+    contents: Vec<u8>,
 }
 
-/// Cuts one `-----BEGIN X-----` .. `-----END X-----` block starting exactly at `start`
-/// and decodes it with the `pem` crate, which checks the labels match and the base64.
-fn next_block(text: &str, start: usize) -> Result<(pem::Pem, usize), EnvelopeError> {
-    const BEGIN: &str = "-----BEGIN ";
-    let rest = &text[start..];
-    if !rest.starts_with(BEGIN) {
-        return Err(EnvelopeError::StrayBytes { offset: start });
-    }
-    let malformed = |why: &str| EnvelopeError::MalformedBlock {
-        offset: start,
-        why: why.to_owned(),
-    };
-    let label_end = rest[BEGIN.len()..]
-        .find("-----")
-        .ok_or_else(|| malformed("unterminated BEGIN line"))?;
-    let label = &rest[BEGIN.len()..BEGIN.len() + label_end];
-    let end_marker = format!("-----END {label}-----");
-    let end = rest
-        .find(&end_marker)
-        .ok_or_else(|| malformed("no matching END line"))?
-        + end_marker.len();
-    let block = pem::parse(&rest[..end]).map_err(|e| malformed(&e.to_string()))?;
-    if block.headers().iter().next().is_some() {
-        return Err(EnvelopeError::Headers {
-            label: crate::identity::truncate(label, 64),
+/// One line of the request, without its line ending.
+struct Line<'a> {
+    text: &'a str,
+    /// Where it starts in the request.
+    offset: usize,
+}
+
+/// Cuts `text` into lines ending in LF or CRLF; the last one must end too.
+fn lines(text: &str) -> Result<Vec<Line<'_>>, EnvelopeError> {
+    let mut lines = Vec::new();
+    let mut offset = 0;
+    while offset < text.len() {
+        let rest = &text[offset..];
+        let Some(end) = rest.find('\n') else {
+            return Err(EnvelopeError::UnterminatedLine { offset });
+        };
+        let line = &rest[..end];
+        lines.push(Line {
+            text: line.strip_suffix('\r').unwrap_or(line),
+            offset,
         });
+        offset += end + 1;
     }
-    Ok((block, start + end))
+    Ok(lines)
 }
 
-fn expect_label(block: &pem::Pem, label: &str, position: usize, expected: &'static str) -> Result<(), EnvelopeError> {
-    if block.tag() == label {
+/// Every block of the request, in order (see the module documentation for the form).
+fn blocks(text: &str) -> Result<Vec<Block<'_>>, EnvelopeError> {
+    let mut blocks = Vec::with_capacity(3);
+    let mut lines = lines(text)?.into_iter();
+    while let Some(line) = lines.next() {
+        if line.text.is_empty() {
+            continue;
+        }
+        let start = line.offset;
+        let malformed = |why: String| EnvelopeError::MalformedBlock { offset: start, why };
+        if !line.text.starts_with("-----BEGIN ") {
+            return Err(EnvelopeError::StrayBytes { offset: start });
+        }
+        let label = line
+            .text
+            .strip_prefix("-----BEGIN ")
+            .and_then(|rest| rest.strip_suffix("-----"))
+            .filter(|label| is_label(label))
+            .ok_or_else(|| malformed("the BEGIN line must be exactly -----BEGIN <label>-----".into()))?;
+        let mut base64 = String::new();
+        loop {
+            let Some(body) = lines.next() else {
+                return Err(malformed(format!("no -----END {label}----- line")));
+            };
+            if body.text.starts_with("-----END ") {
+                if body
+                    .text
+                    .strip_prefix("-----END ")
+                    .and_then(|l| l.strip_suffix("-----"))
+                    != Some(label)
+                {
+                    return Err(malformed(format!(
+                        "the END line at offset {} must be exactly -----END {label}-----",
+                        body.offset
+                    )));
+                }
+                break;
+            }
+            if body.text.contains(':') {
+                return Err(EnvelopeError::Headers {
+                    label: crate::identity::truncate(label, 64),
+                });
+            }
+            if body.text.is_empty() {
+                return Err(malformed(format!(
+                    "blank line at offset {} inside the block",
+                    body.offset
+                )));
+            }
+            if let Some(bad) = body
+                .text
+                .char_indices()
+                .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=')))
+            {
+                return Err(malformed(format!(
+                    "{:?} at offset {} is not base64",
+                    bad.1,
+                    body.offset + bad.0
+                )));
+            }
+            base64.push_str(body.text);
+        }
+        // STANDARD decodes canonically: padding required and correct, unused bits zero, `=`
+        // only at the end.
+        let contents = base64::engine::general_purpose::STANDARD
+            .decode(base64.as_bytes())
+            .map_err(|e| malformed(format!("base64: {e}")))?;
+        blocks.push(Block { label, contents });
+    }
+    Ok(blocks)
+}
+
+/// RFC 7468 `label`: printable ASCII but `-`, single spaces or hyphens between those.
+fn is_label(label: &str) -> bool {
+    let bytes = label.as_bytes();
+    let labelchar = |b: u8| (0x21..=0x7e).contains(&b) && b != b'-';
+    !bytes.is_empty()
+        && labelchar(bytes[0])
+        && labelchar(bytes[bytes.len() - 1])
+        && bytes.windows(2).all(|w| labelchar(w[0]) || labelchar(w[1]))
+        && bytes.iter().all(|b| labelchar(*b) || *b == b'-' || *b == b' ')
+}
+
+fn expect_label(block: &Block<'_>, label: &str, position: usize, expected: &'static str) -> Result<(), EnvelopeError> {
+    if block.label == label {
         Ok(())
     } else {
         Err(EnvelopeError::UnexpectedBlock {
-            label: crate::identity::truncate(block.tag(), 64),
+            label: crate::identity::truncate(block.label, 64),
             position,
             expected,
         })
@@ -301,14 +397,15 @@ mod tests {
     fn stray_bytes_headers_and_size_are_refused() {
         let csr = pem::encode(&pem::Pem::new(PEM_CSR, vec![1]));
         assert!(matches!(
-            RequestEnvelope::parse(format!("{csr}trailing").as_bytes()),
+            RequestEnvelope::parse(format!("{csr}trailing\n").as_bytes()),
             Err(EnvelopeError::StrayBytes { .. })
         ));
         assert!(matches!(
             RequestEnvelope::parse(format!("junk\n{csr}").as_bytes()),
             Err(EnvelopeError::StrayBytes { offset: 0 })
         ));
-        assert_eq!(RequestEnvelope::parse(b"  \n"), Err(EnvelopeError::Empty));
+        assert_eq!(RequestEnvelope::parse(b""), Err(EnvelopeError::Empty));
+        assert_eq!(RequestEnvelope::parse(b"\n\r\n"), Err(EnvelopeError::Empty));
         let with_headers =
             "-----BEGIN CERTIFICATE REQUEST-----\nProc-Type: 4,ENCRYPTED\n\nAQ==\n-----END CERTIFICATE REQUEST-----\n";
         assert!(matches!(
@@ -329,6 +426,190 @@ mod tests {
         assert!(matches!(
             RequestEnvelope::parse(b"-----BEGIN CERTIFICATE REQUEST-----\n!!!!\n-----END CERTIFICATE REQUEST-----\n"),
             Err(EnvelopeError::MalformedBlock { .. })
+        ));
+    }
+
+    /// The CSR block of `csr` (DER), the way Go's `pem.Encode` writes it: 64 columns, LF.
+    fn go_encoded(label: &str, der: &[u8]) -> String {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        let mut out = format!("-----BEGIN {label}-----\n");
+        for chunk in b64.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(chunk).unwrap());
+            out.push('\n');
+        }
+        out.push_str(&format!("-----END {label}-----\n"));
+        out
+    }
+
+    /// A CSR-sized body: several base64 lines, padding on the last one.
+    fn body() -> Vec<u8> {
+        (0..=200u8).collect()
+    }
+
+    fn refused(text: &str) -> EnvelopeError {
+        match RequestEnvelope::parse(text.as_bytes()) {
+            Err(e) => e,
+            Ok(parsed) => panic!("accepted {text:?} as {parsed:?}"),
+        }
+    }
+
+    fn malformed(text: &str) {
+        assert!(
+            matches!(refused(text), EnvelopeError::MalformedBlock { .. }),
+            "{text:?}: {:?}",
+            refused(text)
+        );
+    }
+
+    #[test]
+    fn what_go_and_the_pem_crate_write_parses() {
+        let go = format!(
+            "{}{}{}",
+            go_encoded(PEM_CSR, &body()),
+            go_encoded(PEM_PROVIDER, b"tpm/v1"),
+            go_encoded(PEM_DATA, b"{}")
+        );
+        let parsed = RequestEnvelope::parse(go.as_bytes()).unwrap();
+        assert_eq!(parsed.csr_der, body());
+        assert_eq!(parsed.data.as_deref(), Some(&b"{}"[..]));
+        // The pem crate, both line endings; and Go's output of an empty body.
+        for ending in [pem::LineEnding::LF, pem::LineEnding::CRLF] {
+            let config = pem::EncodeConfig::new().set_line_ending(ending);
+            let text = pem::encode_config(&pem::Pem::new(PEM_CSR, body()), config);
+            assert_eq!(RequestEnvelope::parse(text.as_bytes()).unwrap().csr_der, body());
+        }
+        assert_eq!(
+            RequestEnvelope::parse(go_encoded(PEM_CSR, b"").as_bytes())
+                .unwrap()
+                .csr_der,
+            b""
+        );
+    }
+
+    #[test]
+    fn crlf_line_endings_and_blank_lines_between_blocks_are_accepted() {
+        let lf = format!(
+            "{}\n{}\n",
+            go_encoded(PEM_CSR, &body()),
+            go_encoded(PEM_PROVIDER, b"insecure/v1")
+        );
+        let crlf = lf.replace('\n', "\r\n");
+        assert_eq!(
+            RequestEnvelope::parse(crlf.as_bytes()),
+            RequestEnvelope::parse(lf.as_bytes())
+        );
+        assert!(RequestEnvelope::parse(crlf.as_bytes()).is_ok());
+        // Mixed endings are lines all the same.
+        let mixed = lf.replacen('\n', "\r\n", 3);
+        assert!(RequestEnvelope::parse(mixed.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn headers_are_refused_wherever_they_are() {
+        let csr = go_encoded(PEM_CSR, &body());
+        let first = csr.replacen("-----\n", "-----\nProc-Type: 4,ENCRYPTED\n", 1);
+        assert!(matches!(refused(&first), EnvelopeError::Headers { .. }));
+        let (head, tail) = csr.split_at(csr.find("-----\n").unwrap() + 6 + 65);
+        let middle = format!("{head}Comment: x\n{tail}");
+        assert!(matches!(refused(&middle), EnvelopeError::Headers { .. }));
+    }
+
+    #[test]
+    fn boundaries_stand_on_their_own_lines() {
+        let csr = go_encoded(PEM_CSR, &body());
+        let provider = go_encoded(PEM_PROVIDER, b"insecure/v1");
+        // Data on the BEGIN line.
+        malformed(&csr.replacen("REQUEST-----\n", "REQUEST-----", 1));
+        // Two blocks on one line.
+        malformed(&format!("{}{provider}", csr.trim_end_matches('\n')));
+        // Data on the END line, before and after the boundary.
+        let last_line_end = csr.rfind("\n-----END").unwrap();
+        malformed(&format!("{}{}", &csr[..last_line_end], &csr[last_line_end + 1..]));
+        malformed(&csr.replace(
+            "-----END CERTIFICATE REQUEST-----",
+            "-----END CERTIFICATE REQUEST-----AQ==",
+        ));
+        // Spaces around a boundary.
+        assert!(matches!(
+            refused(&csr.replacen("-----BEGIN", " -----BEGIN", 1)),
+            EnvelopeError::StrayBytes { offset: 0 }
+        ));
+        malformed(&csr.replacen("REQUEST-----\n", "REQUEST----- \n", 1));
+        malformed(&csr.replace(
+            "-----END CERTIFICATE REQUEST-----",
+            "-----END CERTIFICATE REQUEST----- ",
+        ));
+        malformed(&csr.replacen("-----\n", "-----\t\n", 1));
+        // Not a label, or a label with a doubled space.
+        malformed("-----BEGIN -----\nAQ==\n-----END -----\n");
+        malformed("-----BEGIN CERTIFICATE  REQUEST-----\nAQ==\n-----END CERTIFICATE  REQUEST-----\n");
+    }
+
+    #[test]
+    fn missing_and_mismatched_end_lines_are_refused() {
+        let csr = go_encoded(PEM_CSR, &body());
+        let no_end = csr.replace("-----END CERTIFICATE REQUEST-----\n", "");
+        malformed(&no_end);
+        malformed(&csr.replace("-----END CERTIFICATE REQUEST-----", "-----END CERTIFICATE-----"));
+        // An END for another block before this one's: the first END line closes the block.
+        let provider = go_encoded(PEM_PROVIDER, b"insecure/v1");
+        let nested = csr.replacen("-----\n", &format!("-----\n{provider}"), 1);
+        malformed(&nested);
+        // No line ending after the last END line.
+        assert!(matches!(
+            refused(csr.trim_end_matches('\n')),
+            EnvelopeError::UnterminatedLine { .. }
+        ));
+    }
+
+    #[test]
+    fn whitespace_inside_base64_is_refused() {
+        let csr = go_encoded(PEM_CSR, &body());
+        let at = csr.find("-----\n").unwrap() + 6 + 8;
+        for odd in [
+            " ", "\t", "\u{c}", "\u{b}", "\r", "\u{a0}", "\u{2003}", "\u{3000}", "\u{feff}", "\u{85}",
+        ] {
+            malformed(&format!("{}{odd}{}", &csr[..at], &csr[at..]));
+        }
+        // At the start or end of a base64 line, and a blank line inside the block.
+        malformed(&csr.replacen("-----\n", "-----\n ", 1));
+        malformed(&csr.replacen("\n-----END", " \n-----END", 1));
+        malformed(&csr.replacen("\n-----END", "\n\n-----END", 1));
+        // A stray CR (CR CR LF).
+        malformed(&csr.replacen("\n-----END", "\r\r\n-----END", 1));
+    }
+
+    #[test]
+    fn base64_must_be_canonical() {
+        let wrap = |b64: &str| format!("-----BEGIN {PEM_CSR}-----\n{b64}\n-----END {PEM_CSR}-----\n");
+        assert_eq!(RequestEnvelope::parse(wrap("AQ==").as_bytes()).unwrap().csr_der, [1]);
+        for bad in [
+            "AQ",       // padding missing
+            "AQ=",      // padding short
+            "AR==",     // non-zero trailing bits
+            "AQ==AQ==", // padding in the middle
+            "A===",     // too much padding
+            "=AQ=",
+        ] {
+            malformed(&wrap(bad));
+        }
+        // Padding at the end of a line that is not the last.
+        malformed(&wrap("AQ==\nAQ=="));
+    }
+
+    #[test]
+    fn only_empty_lines_outside_blocks() {
+        let csr = go_encoded(PEM_CSR, &body());
+        assert!(RequestEnvelope::parse(format!("\n\r\n{csr}\n\n").as_bytes()).is_ok());
+        for stray in [" \n", "\t\n", "\u{c}\n", "\u{a0}\n", "# comment\n", "\r\r\n"] {
+            assert!(
+                matches!(refused(&format!("{csr}{stray}")), EnvelopeError::StrayBytes { .. }),
+                "{stray:?}"
+            );
+        }
+        assert!(matches!(
+            refused(&format!(" \n{csr}")),
+            EnvelopeError::StrayBytes { offset: 0 }
         ));
     }
 

@@ -209,6 +209,18 @@ impl Scenario {
     }
 }
 
+/// Puts `text` into the first base64 line of the CSR block, after its first eight characters.
+fn in_base64(request: Vec<u8>, text: &str) -> Vec<u8> {
+    let request = String::from_utf8(request).unwrap();
+    let at = request.find("-----\n").unwrap() + "-----\n".len() + 8;
+    format!("{}{text}{}", &request[..at], &request[at..]).into_bytes()
+}
+
+/// Replaces the first `from` in the request text with `to`.
+fn replaced(request: Vec<u8>, from: &str, to: &str) -> Vec<u8> {
+    String::from_utf8(request).unwrap().replacen(from, to, 1).into_bytes()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Expect {
     Approved,
@@ -475,6 +487,105 @@ fn client_csr_table() {
             || {
                 let mut s = Scenario::client();
                 s.request.data = Some(vec![b'x'; 70_000]);
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "approves CRLF line endings",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| String::from_utf8(r).unwrap().replace('\n', "\r\n").into_bytes());
+                s
+            },
+            Approved,
+        ),
+        (
+            "denies a form feed inside the base64 of the CSR block",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| in_base64(r, "\u{c}"));
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a vertical tab inside the base64",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| in_base64(r, "\u{b}"));
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a no-break space (U+00A0) inside the base64",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| in_base64(r, "\u{a0}"));
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies an em space (U+2003) inside the base64",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| in_base64(r, "\u{2003}"));
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies a space inside a base64 line",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| in_base64(r, " "));
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies data on the BEGIN line",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| {
+                    replaced(
+                        r,
+                        "-----BEGIN CERTIFICATE REQUEST-----\n",
+                        "-----BEGIN CERTIFICATE REQUEST-----",
+                    )
+                });
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies two blocks on one line",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| {
+                    replaced(
+                        r,
+                        "-----END CERTIFICATE REQUEST-----\n",
+                        "-----END CERTIFICATE REQUEST-----",
+                    )
+                });
+                s
+            },
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies spaces after the END line",
+            || {
+                let mut s = Scenario::client();
+                s.tamper = Some(|r| {
+                    replaced(
+                        r,
+                        "-----END CERTIFICATE REQUEST-----\n",
+                        "-----END CERTIFICATE REQUEST-----  \n",
+                    )
+                });
                 s
             },
             Denied(InvalidRequest),
