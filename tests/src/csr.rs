@@ -47,6 +47,9 @@ pub struct RequestSpec {
     pub data: Option<Vec<u8>>,
     /// Flip a bit of the signature.
     pub corrupt_signature: bool,
+    /// A request assembled from DER parts, used instead of rcgen's (subject, provider-ID and
+    /// extra extensions, SANs and key above are then ignored).
+    pub raw: Option<crate::pkcs10::Pkcs10>,
 }
 
 impl RequestSpec {
@@ -66,6 +69,7 @@ impl RequestSpec {
             provider: Some("insecure/v1".to_owned()),
             data: None,
             corrupt_signature: false,
+            raw: None,
         }
     }
 
@@ -98,7 +102,10 @@ impl RequestSpec {
             }
             None => key(self.key).key_pair(),
         };
-        let mut der = params.serialize_request(key_pair).expect("CSR").der().to_vec();
+        let mut der = match &self.raw {
+            Some(raw) => raw.sign(),
+            None => params.serialize_request(key_pair).expect("CSR").der().to_vec(),
+        };
         if self.corrupt_signature {
             let last = der.len() - 1;
             der[last] ^= 0x01;

@@ -8,6 +8,7 @@ pub mod capi;
 pub mod csr;
 pub mod envtest;
 pub mod live;
+pub mod pkcs10;
 pub mod swtpm;
 pub mod tpm_world;
 

@@ -19,6 +19,10 @@ use rcgen::{CustomExtension, DnType, SanType};
 use serde_json::{Value, json};
 use tests::capi::{self, annotate};
 use tests::csr::{RequestSpec, client_csr_object, serving_csr_object, subject};
+use tests::pkcs10::{
+    Critical, Pkcs10, attribute, attributes, ca_true_extension, extension, extension_request, oids,
+    provider_id_extension, san_extension, seq, set, string, tag, tlv,
+};
 use time::{Duration, OffsetDateTime, macros::datetime};
 
 const PID: &str = "aws:///us-east-1a/i-0abc";
@@ -207,6 +211,32 @@ impl Scenario {
     fn decide(&self) -> Decision {
         self.decide_counting().0
     }
+}
+
+/// The client scenario with its request assembled from DER parts, `edit` bending them.
+fn client_by_hand(edit: fn(&mut Pkcs10)) -> Scenario {
+    let mut s = Scenario::client();
+    let mut raw = Pkcs10::kubelet("worker-0", PID);
+    edit(&mut raw);
+    s.request.raw = Some(raw);
+    s
+}
+
+/// The serving scenario with its request assembled from DER parts (SANs worker-0 and
+/// 10.0.0.7), `edit` bending them.
+fn serving_by_hand(edit: fn(&mut Pkcs10)) -> Scenario {
+    let mut s = Scenario::serving();
+    let mut raw = Pkcs10 {
+        attributes: attributes(&[extension_request(&[serving_san()])]),
+        ..Pkcs10::kubelet("worker-0", "unused")
+    };
+    edit(&mut raw);
+    s.request.raw = Some(raw);
+    s
+}
+
+fn serving_san() -> Vec<u8> {
+    san_extension(&["worker-0"], &[[10, 0, 0, 7]])
 }
 
 /// Puts `text` into the first base64 line of the CSR block, after its first eight characters.
@@ -590,6 +620,21 @@ fn client_csr_table() {
             },
             Denied(InvalidRequest),
         ),
+        (
+            "approves a request assembled by hand from DER parts",
+            || client_by_hand(|_| {}),
+            Approved,
+        ),
+        (
+            "denies PKCS#10 version 2 (INTEGER 1)",
+            || client_by_hand(|p| p.version = tlv(tag::INTEGER, &[1])),
+            Denied(InvalidRequest),
+        ),
+        (
+            "denies PKCS#10 version 3 (INTEGER 2)",
+            || client_by_hand(|p| p.version = tlv(tag::INTEGER, &[2])),
+            Denied(InvalidRequest),
+        ),
         // Rule 2.
         (
             "denies a corrupted self-signature",
@@ -732,6 +777,98 @@ fn client_csr_table() {
                     value,
                 )];
                 s
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a critical CA:TRUE basic constraint in a second extensionRequest value",
+            || {
+                client_by_hand(|p| {
+                    p.attributes = attributes(&[attribute(
+                        oids::EXTENSION_REQUEST,
+                        &[seq(&[provider_id_extension(PID)]), seq(&[ca_true_extension()])],
+                    )])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies extensions placed after an empty extensionRequest SET",
+            || {
+                client_by_hand(|p| {
+                    p.attributes = attributes(&[seq(&[
+                        tests::pkcs10::oid(oids::EXTENSION_REQUEST),
+                        set(&[]),
+                        seq(&[provider_id_extension(PID)]),
+                    ])])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies an empty extensionRequest SET",
+            || client_by_hand(|p| p.attributes = attributes(&[attribute(oids::EXTENSION_REQUEST, &[])])),
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a challengePassword attribute",
+            || {
+                client_by_hand(|p| {
+                    p.attributes = attributes(&[
+                        extension_request(&[provider_id_extension(PID)]),
+                        attribute(oids::CHALLENGE_PASSWORD, &[string(tag::PRINTABLE_STRING, "secret")]),
+                    ])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies two extensionRequest attributes",
+            || {
+                client_by_hand(|p| {
+                    p.attributes = attributes(&[
+                        extension_request(&[provider_id_extension(PID)]),
+                        extension_request(&[ca_true_extension()]),
+                    ])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies bytes after the Extensions value inside the extensionRequest SET",
+            || {
+                client_by_hand(|p| {
+                    let mut values = seq(&[provider_id_extension(PID)]);
+                    values.push(0x01);
+                    p.attributes = attributes(&[seq(&[
+                        tests::pkcs10::oid(oids::EXTENSION_REQUEST),
+                        tlv(tag::SET, &values),
+                    ])])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies bytes after the last extension inside the Extensions value",
+            || {
+                client_by_hand(|p| {
+                    let mut extensions = provider_id_extension(PID);
+                    extensions.extend([0x05, 0x00]);
+                    p.attributes = attributes(&[attribute(oids::EXTENSION_REQUEST, &[tlv(tag::SEQUENCE, &extensions)])])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a critical flag written out as FALSE (not DER)",
+            || {
+                client_by_hand(|p| {
+                    p.attributes = attributes(&[extension_request(&[extension(
+                        oids::PROVIDER_ID,
+                        Critical::ExplicitFalse,
+                        &string(tag::UTF8_STRING, PID),
+                    )])])
+                })
             },
             Denied(ForbiddenExtension),
         ),
@@ -1325,6 +1462,56 @@ fn serving_csr_table() {
             Denied(InvalidSignature),
         ),
         (
+            "approves a serving request assembled by hand from DER parts",
+            || serving_by_hand(|_| {}),
+            Approved,
+        ),
+        (
+            "denies a serving SAN in a second extensionRequest value",
+            || {
+                serving_by_hand(|p| {
+                    p.attributes = attributes(&[attribute(
+                        oids::EXTENSION_REQUEST,
+                        &[
+                            seq(&[serving_san()]),
+                            seq(&[san_extension(&["kubernetes.default"], &[])]),
+                        ],
+                    )])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies serving SANs placed after an empty extensionRequest SET",
+            || {
+                serving_by_hand(|p| {
+                    p.attributes = attributes(&[seq(&[
+                        tests::pkcs10::oid(oids::EXTENSION_REQUEST),
+                        set(&[]),
+                        seq(&[serving_san()]),
+                    ])])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a challengePassword attribute on a serving CSR",
+            || {
+                serving_by_hand(|p| {
+                    p.attributes = attributes(&[
+                        extension_request(&[serving_san()]),
+                        attribute(oids::CHALLENGE_PASSWORD, &[string(tag::PRINTABLE_STRING, "secret")]),
+                    ])
+                })
+            },
+            Denied(ForbiddenExtension),
+        ),
+        (
+            "denies a serving SAN extension repeated",
+            || serving_by_hand(|p| p.attributes = attributes(&[extension_request(&[serving_san(), serving_san()])])),
+            Denied(ForbiddenExtension),
+        ),
+        (
             "denies attestation blocks on a serving CSR",
             || {
                 let mut s = Scenario::serving();
@@ -1411,6 +1598,7 @@ fn serving_csr_table() {
         InvalidSignature,
         SubjectMismatch,
         ForbiddenSan,
+        ForbiddenExtension,
         ForbiddenUsage,
         RequesterNotAllowed,
         MachineNotFound,

@@ -453,6 +453,10 @@ fn ek_conflict(
 }
 
 fn check_no_san(book: &mut Book, parsed: &ParsedCsr) {
+    if parsed.attribute_problem.is_some() {
+        // Rule 5 refuses the extension request: no SAN is read from it.
+        return;
+    }
     let san_oid = x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME.to_id_string();
     if parsed.subject_alt_names.is_empty() && !parsed.extensions.iter().any(|e| e.oid == san_oid) {
         book.pass(Rule::SubjectAltNames, "no SAN");
@@ -474,19 +478,8 @@ fn check_no_san(book: &mut Book, parsed: &ParsedCsr) {
 fn check_extensions(book: &mut Book, parsed: &ParsedCsr) {
     let provider_oid = PROVIDER_ID_OID_DOTTED;
     let san_oid = x509_parser::oid_registry::OID_X509_EXT_SUBJECT_ALT_NAME.to_id_string();
-    if let Some(attribute) = parsed.other_attributes.first() {
-        return book.fail(
-            Rule::Extensions,
-            DenyReason::ForbiddenExtension,
-            format!("CSR attribute {attribute} is not allowed"),
-        );
-    }
-    if parsed.extension_requests > 1 {
-        return book.fail(
-            Rule::Extensions,
-            DenyReason::ForbiddenExtension,
-            "more than one extensionRequest attribute",
-        );
+    if let Some(problem) = &parsed.attribute_problem {
+        return book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, problem.to_string());
     }
     // The SAN extension is rule 4's to refuse.
     if let Some(other) = parsed
@@ -505,15 +498,8 @@ fn check_extensions(book: &mut Book, parsed: &ParsedCsr) {
             format!("extension {}{what} is not allowed", other.oid),
         );
     }
-    let provider: Vec<_> = parsed.provider_id_extensions().collect();
-    if provider.len() > 1 {
-        return book.fail(
-            Rule::Extensions,
-            DenyReason::ForbiddenExtension,
-            "the provider-ID extension appears more than once",
-        );
-    }
-    if provider.iter().any(|e| e.critical) {
+    // The parser refuses an extension requested twice (`AttributeProblem::DuplicateExtension`).
+    if parsed.provider_id_extensions().any(|e| e.critical) {
         return book.fail(
             Rule::Extensions,
             DenyReason::ForbiddenExtension,
@@ -524,6 +510,10 @@ fn check_extensions(book: &mut Book, parsed: &ParsedCsr) {
 }
 
 fn read_provider_id(book: &mut Book, parsed: &ParsedCsr) -> Option<ProviderId> {
+    if parsed.attribute_problem.is_some() {
+        // Rule 5 refuses the extension request: no provider ID is read from it.
+        return None;
+    }
     let Some(ext) = parsed.provider_id_extensions().next() else {
         book.fail(
             Rule::ProviderId,

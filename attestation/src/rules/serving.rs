@@ -102,9 +102,19 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         Ok(()) => book.pass(Rule::Usages, format!("{:?}", csr.usages)),
         Err(message) => book.fail(Rule::Usages, DenyReason::ForbiddenUsage, message),
     }
-    // The controller-manager copies only SANs from a serving request; other extensions are inert.
-    book.pass(Rule::Extensions, "only SANs are used by the kubelet-serving signer");
-    let sans_ok = check_san_kinds(&mut book, &parsed);
+    // The controller-manager copies only SANs from a serving request; other extensions are
+    // inert. The attributes must still be rule 5's one shape, so the SANs read here are the
+    // ones kube-controller-manager (Go) reads; when they are not, no SAN is read at all.
+    let sans_ok = match &parsed.attribute_problem {
+        Some(problem) => {
+            book.fail(Rule::Extensions, DenyReason::ForbiddenExtension, problem.to_string());
+            false
+        }
+        None => {
+            book.pass(Rule::Extensions, "only SANs are used by the kubelet-serving signer");
+            check_san_kinds(&mut book, &parsed)
+        }
+    };
 
     let owner = node_name.as_ref().and_then(|name| find_owner(&mut book, inputs, name));
     if let (true, Some(owner)) = (sans_ok, &owner) {
