@@ -61,6 +61,88 @@ mod b64 {
     }
 }
 
+/// `pcrs` read strictly: the one bank `sha256` (any other is an unknown field), PCR indexes in
+/// canonical decimal, no key twice. serde's maps keep the last of two equal keys, and `"0"`,
+/// `"00"` and `"+0"` would all name PCR 0: either way two readers could see different values.
+mod pcrs {
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    use serde::Deserializer;
+    use serde::de::{Error, MapAccess, Visitor};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<BTreeMap<String, BTreeMap<String, String>>, D::Error> {
+        d.deserialize_map(Banks)
+    }
+
+    struct Banks;
+
+    impl<'de> Visitor<'de> for Banks {
+        type Value = BTreeMap<String, BTreeMap<String, String>>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(r#"{"sha256": {"<index>": "<hex>"}}"#)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut banks = BTreeMap::new();
+            while let Some(bank) = map.next_key::<String>()? {
+                if bank != "sha256" {
+                    return Err(A::Error::unknown_field(&bank, &["sha256"]));
+                }
+                if banks.contains_key(&bank) {
+                    return Err(A::Error::duplicate_field("sha256"));
+                }
+                let values = map.next_value_seed(Indexes)?;
+                banks.insert(bank, values);
+            }
+            Ok(banks)
+        }
+    }
+
+    struct Indexes;
+
+    impl<'de> serde::de::DeserializeSeed<'de> for Indexes {
+        type Value = BTreeMap<String, String>;
+
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Indexes {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(r#"{"<index>": "<hex>"}"#)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut values = BTreeMap::new();
+            while let Some(index) = map.next_key::<String>()? {
+                let canonical = index == "0"
+                    || (!index.is_empty()
+                        && index.len() <= 2
+                        && !index.starts_with('0')
+                        && index.bytes().all(|b| b.is_ascii_digit()));
+                if !canonical {
+                    return Err(A::Error::custom(format!(
+                        "PCR index {index:?} is not a decimal number below 100 without leading zeros"
+                    )));
+                }
+                if values.contains_key(&index) {
+                    return Err(A::Error::custom(format!("PCR {index} is listed twice")));
+                }
+                let value = map.next_value::<String>()?;
+                values.insert(index, value);
+            }
+            Ok(values)
+        }
+    }
+}
+
 /// CSR #1 named by CSR #2.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -108,7 +190,11 @@ pub struct TpmData {
     #[serde(with = "b64")]
     pub signature: Vec<u8>,
     /// PCR values, informational in v1: `{"sha256": {"0": "<hex>"}}`.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "pcrs::deserialize"
+    )]
     pub pcrs: BTreeMap<String, BTreeMap<String, String>>,
     /// Phase 2: CSR #1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,6 +423,89 @@ mod tests {
         three["phase"] = serde_json::json!(3);
         assert!(TpmData::parse(three.to_string().as_bytes()).is_err());
         assert!(TpmData::parse(&vec![b' '; MAX_DATA + 1]).is_err());
+    }
+
+    /// `sample(phase)` as JSON text with `edit` applied to its object.
+    fn edited(phase: u8, edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) -> String {
+        let mut value = serde_json::to_value(sample(phase)).unwrap();
+        edit(value.as_object_mut().unwrap());
+        value.to_string()
+    }
+
+    #[test]
+    fn phase_is_a_json_number_one_or_two() {
+        for phase in [1, 2] {
+            assert!(TpmData::parse(edited(phase, |_| {}).as_bytes()).is_ok());
+        }
+        for bad in [
+            serde_json::json!("1"),
+            serde_json::json!(1.0),
+            serde_json::json!(true),
+            serde_json::json!(null),
+            serde_json::json!([1]),
+            serde_json::json!(0),
+            serde_json::json!(-1),
+            serde_json::json!(257),
+        ] {
+            let text = edited(1, |o| {
+                o.insert("phase".into(), bad.clone());
+            });
+            assert!(TpmData::parse(text.as_bytes()).is_err(), "{text}");
+        }
+        // Spellings serde_json::Value would not write.
+        let text = edited(1, |_| {});
+        for spelling in ["1e0", "1.0", "01", "+1", "0x1"] {
+            let odd = text.replacen(r#""phase":1"#, &format!(r#""phase":{spelling}"#), 1);
+            assert_ne!(odd, text);
+            assert!(TpmData::parse(odd.as_bytes()).is_err(), "{odd}");
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_at_every_level() {
+        let top = edited(1, |o| {
+            o.insert("phase2".into(), serde_json::json!(1));
+        });
+        assert!(TpmData::parse(top.as_bytes()).is_err(), "{top}");
+        let challenge = edited(2, |o| {
+            o["challenge"]["csrNamespace"] = serde_json::json!("x");
+        });
+        assert!(TpmData::parse(challenge.as_bytes()).is_err(), "{challenge}");
+        let bank = edited(1, |o| {
+            o["pcrs"]["sha1"] = serde_json::json!({"0": "00"});
+        });
+        assert!(TpmData::parse(bank.as_bytes()).is_err(), "{bank}");
+        for index in ["00", "+0", "-1", " 1", "1 ", "x", "100", ""] {
+            let text = edited(1, |o| {
+                o["pcrs"] = serde_json::json!({"sha256": {index: "00"}});
+            });
+            assert!(TpmData::parse(text.as_bytes()).is_err(), "{text}");
+        }
+        let typed = edited(1, |o| {
+            o["pcrs"] = serde_json::json!({"sha256": {"0": 0}});
+        });
+        assert!(TpmData::parse(typed.as_bytes()).is_err(), "{typed}");
+        // What the node writes still parses.
+        let pcrs = edited(1, |o| {
+            o["pcrs"] = serde_json::json!({"sha256": {"0": "00", "7": "11", "23": "22"}});
+        });
+        assert_eq!(TpmData::parse(pcrs.as_bytes()).unwrap().pcrs["sha256"].len(), 3);
+    }
+
+    #[test]
+    fn duplicate_keys_are_refused_at_every_level() {
+        let text = edited(2, |_| {});
+        let duplicated = |what: &str, with: &str| {
+            let odd = text.replacen(what, with, 1);
+            assert_ne!(odd, text, "{what} not in {text}");
+            assert!(TpmData::parse(odd.as_bytes()).is_err(), "{odd}");
+        };
+        duplicated(r#""phase":2"#, r#""phase":2,"phase":2"#);
+        duplicated(r#""quote":"#, r#""quote":"CA==","quote":"#);
+        duplicated(r#""csrName":"#, r#""csrName":"other","csrName":"#);
+        duplicated(r#""sha256":{"#, r#""sha256":{},"sha256":{"#);
+        let zero = format!(r#""0":"{}""#, "00".repeat(32));
+        duplicated(&zero, &format!(r#""0":"11",{zero}"#));
     }
 
     #[test]
