@@ -233,7 +233,8 @@ impl ClusterCa {
     /// Signs a client certificate for an approved request: random 160-bit serial; NotBefore
     /// now-5m; NotAfter min(now + min(requested, max), CA NotAfter); subject CN and O copied;
     /// no SAN; KeyUsage digitalSignature (+keyEncipherment for RSA); EKU clientAuth;
-    /// BasicConstraints CA:false; AKI and SKI; the provider-ID extension.
+    /// BasicConstraints CA:false, critical, an empty SEQUENCE; AKI and SKI; the provider-ID
+    /// extension. Strict DER throughout.
     pub fn issue(
         &self,
         csr: &ParsedCsr,
@@ -263,12 +264,19 @@ impl ClusterCa {
             vec![KeyUsagePurpose::DigitalSignature]
         };
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.is_ca = IsCa::ExplicitNoCa;
+        // rcgen's `IsCa::ExplicitNoCa` writes BasicConstraints with `cA FALSE` spelled out,
+        // which DER omits (a DEFAULT value) and strict parsers refuse; with `NoCa` it writes
+        // neither BasicConstraints nor SKI, and both are written here.
+        params.is_ca = IsCa::NoCa;
         params.use_authority_key_identifier_extension = true;
-        params.custom_extensions = vec![rcgen::CustomExtension::from_oid_content(
-            PROVIDER_ID_OID,
-            provider_id.to_extension_value(),
-        )];
+        let mut basic_constraints =
+            rcgen::CustomExtension::from_oid_content(BASIC_CONSTRAINTS_OID, BASIC_CONSTRAINTS_NOT_CA.to_vec());
+        basic_constraints.set_criticality(true);
+        params.custom_extensions = vec![
+            rcgen::CustomExtension::from_oid_content(SUBJECT_KEY_IDENTIFIER_OID, subject_key_identifier(&key)?),
+            basic_constraints,
+            rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value()),
+        ];
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(|e| IssueError::Build(e.to_string()))?;
@@ -277,6 +285,23 @@ impl ClusterCa {
             not_after,
         })
     }
+}
+
+/// BasicConstraints.
+const BASIC_CONSTRAINTS_OID: &[u64] = &[2, 5, 29, 19];
+/// BasicConstraints CA:false in DER: an empty SEQUENCE (`cA` DEFAULT FALSE is omitted).
+const BASIC_CONSTRAINTS_NOT_CA: [u8; 2] = [0x30, 0x00];
+/// SubjectKeyIdentifier.
+const SUBJECT_KEY_IDENTIFIER_OID: &[u64] = &[2, 5, 29, 14];
+
+/// The SubjectKeyIdentifier extension value: a DER OCTET STRING of the first 20 bytes of
+/// SHA-256 over the certificate's SubjectPublicKeyInfo (RFC 7093 method 1, as rcgen derives it).
+fn subject_key_identifier(key: &CsrKey<'_>) -> Result<Vec<u8>, IssueError> {
+    use der::Encode;
+    let digest = sha256(&key.subject_public_key_info());
+    der::asn1::OctetStringRef::new(&digest[..20])
+        .and_then(|id| id.to_der())
+        .map_err(|e| IssueError::Build(e.to_string()))
 }
 
 /// The request's public key, as rcgen writes it into the certificate.

@@ -9,6 +9,7 @@ pub mod csr;
 pub mod envtest;
 pub mod live;
 pub mod pkcs10;
+pub mod strict_der;
 pub mod swtpm;
 pub mod tpm_world;
 

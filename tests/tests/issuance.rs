@@ -12,6 +12,7 @@ use attestation::request::KeyAlgorithm;
 use rcgen::{CustomExtension, SanType};
 use tests::ca::{CaKeyFormat, TestCa, openssl_ca, openssl_verify};
 use tests::csr::RequestSpec;
+use tests::strict_der::{BASIC_CONSTRAINTS, assert_strict_der, extension};
 use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::ParsedExtension;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -62,6 +63,33 @@ fn every_ca_key_format_issues_certificates_openssl_accepts() {
 }
 
 #[test]
+fn every_issued_certificate_is_strict_der_with_ca_false_as_an_empty_critical_sequence() {
+    for format in CaKeyFormat::ALL {
+        let ca = load(&openssl_ca(format, 3650));
+        for key in [
+            KeyAlgorithm::EcdsaP256,
+            KeyAlgorithm::EcdsaP384,
+            KeyAlgorithm::Rsa2048,
+            KeyAlgorithm::Ed25519,
+        ] {
+            let mut spec = RequestSpec::kubelet("worker-0", PID);
+            spec.key = key;
+            let issued = ca
+                .issue(&parsed(&spec), &ProviderId::new(PID).unwrap(), validity())
+                .unwrap();
+            let what = format!("{format:?} CA, {key:?} leaf");
+            // `cA FALSE` written out is BER, not DER: Python cryptography 48 refuses it.
+            assert_eq!(
+                extension(&issued.der, BASIC_CONSTRAINTS),
+                Some((true, vec![0x30, 0x00])),
+                "{what}: BasicConstraints is critical and an empty SEQUENCE"
+            );
+            assert_strict_der(&what, &issued.der);
+        }
+    }
+}
+
+#[test]
 fn an_issued_certificate_carries_exactly_what_the_spec_lists() {
     let test_ca = openssl_ca(CaKeyFormat::RsaPkcs1, 3650);
     let ca = load(&test_ca);
@@ -81,6 +109,7 @@ fn an_issued_certificate_carries_exactly_what_the_spec_lists() {
                 },
             )
             .unwrap();
+        assert_strict_der(&format!("{key:?} leaf"), &issued.der);
         let (rest, cert) = X509Certificate::from_der(&issued.der).unwrap();
         assert!(rest.is_empty());
 
@@ -117,7 +146,8 @@ fn an_issued_certificate_carries_exactly_what_the_spec_lists() {
         );
         for ext in cert.extensions() {
             match ext.parsed_extension() {
-                ParsedExtension::BasicConstraints(bc) => assert!(!bc.ca),
+                ParsedExtension::BasicConstraints(bc) => assert!(!bc.ca && ext.critical),
+                ParsedExtension::SubjectKeyIdentifier(ski) => assert_eq!(ski.0.len(), 20, "{key:?}: SKI"),
                 ParsedExtension::KeyUsage(ku) => {
                     assert!(ku.digital_signature());
                     assert_eq!(ku.key_encipherment(), key == KeyAlgorithm::Rsa2048);
@@ -161,6 +191,7 @@ fn nothing_else_from_the_request_reaches_the_certificate() {
     let issued = ca
         .issue(&parsed(&spec), &ProviderId::new(PID).unwrap(), validity())
         .unwrap();
+    assert_strict_der("a leaf from a request asking for a SAN and CA:true", &issued.der);
     let cert = X509Certificate::from_der(&issued.der).unwrap().1;
     assert!(cert.subject_alternative_name().unwrap().is_none(), "no SAN");
     assert!(!cert.is_ca());
@@ -174,6 +205,7 @@ fn validity_is_clamped_to_the_ca_and_to_the_maximum() {
     let pid = ProviderId::new(PID).unwrap();
     let issued = ca.issue(&csr, &pid, validity()).unwrap();
     assert_eq!(issued.not_after, ca.not_after(), "a one-day CA caps a 168h certificate");
+    assert_strict_der("a leaf capped by its CA", &issued.der);
 
     let long_ca = load(&openssl_ca(CaKeyFormat::EcP256Pkcs8, 3650));
     let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
