@@ -16,6 +16,7 @@ use serde_json::Value;
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::live::{self, Signer, Workload, apply};
+use tests::strict_der::assert_strict_der_pem;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
 
@@ -111,6 +112,7 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
     let current = cert_dir.join("kubelet-client-current.pem");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&current).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_strict_der_pem("the plugin's cached certificate", &std::fs::read(&current).unwrap());
 
     // The second call is the cache's: no new CSR.
     assert_eq!(
@@ -128,6 +130,13 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
     );
     let credential: Value = serde_json::from_slice(&cached.stdout).unwrap();
     assert_eq!(credential["apiVersion"], "client.authentication.k8s.io/v1beta1");
+    assert_strict_der_pem(
+        "the cached ExecCredential's clientCertificateData",
+        credential["status"]["clientCertificateData"]
+            .as_str()
+            .unwrap()
+            .as_bytes(),
+    );
     assert!(
         credential["status"]["clientKeyData"]
             .as_str()
@@ -159,6 +168,10 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
         aging,
         "the new certificate is answered"
     );
+    assert_strict_der_pem(
+        "the renewed certificate",
+        answered["status"]["clientCertificateData"].as_str().unwrap().as_bytes(),
+    );
     assert!(std::fs::read_link(&current).unwrap() != Path::new("kubelet-client-aged.pem"));
 
     // Ten first calls at once for worker-1: one CSR, one certificate for all.
@@ -178,6 +191,9 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
         certificates.insert(v["status"]["clientCertificateData"].as_str().unwrap().to_owned());
     }
     assert_eq!(certificates.len(), 1, "every invocation answers the same certificate");
+    for certificate in &certificates {
+        assert_strict_der_pem("the certificate of ten concurrent first calls", certificate.as_bytes());
+    }
     assert_eq!(csrs_for(&w.admin, "worker-1").await.len(), 1, "exactly one CSR filed");
 
     // The control-plane hijack: denied, the reason on stderr, nothing on stdout.

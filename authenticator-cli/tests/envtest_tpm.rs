@@ -15,6 +15,7 @@ use serde_json::Value;
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::live::{self, Signer, Workload, apply};
+use tests::strict_der::assert_strict_der_pem;
 use tests::swtpm::{Swtpm, localca_bundle};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
@@ -68,6 +69,12 @@ fn issued(csr: &CertificateSigningRequest) -> bool {
         .as_ref()
         .and_then(|s| s.certificate.as_ref())
         .is_some_and(|c| !c.0.is_empty())
+}
+
+/// A signed CSR's certificate is strict DER.
+fn assert_strict_der(csr: &CertificateSigningRequest, what: &str) {
+    let certificate = csr.status.as_ref().and_then(|s| s.certificate.as_ref());
+    assert_strict_der_pem(what, &certificate.expect("a certificate").0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,6 +131,11 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
         "CSR #1 carries the challenge"
     );
     assert!(issued(two), "CSR #2 is signed");
+    assert_strict_der(two, "CSR #2's status.certificate");
+    assert_strict_der_pem(
+        "the plugin's cached certificate",
+        &std::fs::read(cert_dir.join("kubelet-client-current.pem")).unwrap(),
+    );
     assert_eq!(condition(two, "Approved").as_deref(), Some("AttestedTpmV1"));
     // The signer marks CSR #1 right after signing CSR #2; give it the moment.
     let mut superseded = None;
@@ -169,6 +181,11 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
     let after = phases(&w.admin, "system:node:worker-0").await;
     assert_eq!(after.len(), 2, "the renewal's two phases, filed as the node");
     assert!(issued(&after[1]), "the renewal's CSR #2 is signed");
+    assert_strict_der(&after[1], "the renewal's CSR #2's status.certificate");
+    assert_strict_der_pem(
+        "the renewed certificate",
+        answered["status"]["clientCertificateData"].as_str().unwrap().as_bytes(),
+    );
     assert!(!issued(&after[0]), "the renewal's CSR #1 is not");
     let renewed_claim = live::get(&admin, &capi::machine("worker-0", Some(PID))).await;
     assert_eq!(

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
+use tests::strict_der::assert_strict_der_pem;
 
 const PID: &str = "aws:///us-east-1a/i-0abc";
 
@@ -170,6 +171,10 @@ fn a_csr_filed_with_a_bootstrap_token_is_approved_offline_and_its_certificate_is
     };
     let report: Value = serde_json::from_str(&ok(check(&machines), "signer check")).unwrap();
     assert_eq!(report["decision"], "Approved", "{report:#}");
+    assert_strict_der_pem(
+        "the certificate signer check issued",
+        report["certificate"].as_str().unwrap().as_bytes(),
+    );
 
     // The certificate is the node's identity.
     let key = tests::csr::key(KeyAlgorithm::EcdsaP256).private_key_pem();

@@ -19,6 +19,7 @@ use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, wait_final};
+use tests::strict_der::assert_strict_der_pem;
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -403,6 +404,9 @@ async fn a_signer_killed_mid_run_loses_nothing_and_signs_nothing_twice() {
     let end = issued(&csrs).await;
     for (name, cert) in &after {
         assert_eq!(end.get(name), Some(cert), "{name} was signed again after the fail-over");
+    }
+    for (name, cert) in &end {
+        assert_strict_der_pem(&format!("CSR {name}'s status.certificate"), cert.as_bytes());
     }
     assert!(standby.alive());
 

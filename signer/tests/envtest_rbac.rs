@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
+use tests::strict_der::assert_strict_der_pem;
 
 const WORKLOAD_USER: &str = "node-attestation-signer";
 const MANAGEMENT_SA: &str = "system:serviceaccount:node-attestation-system:node-attestation-signer";
@@ -122,6 +123,10 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         .issue(&csr, &ProviderId::new("aws:///us-east-1a/i-0abc").unwrap(), validity)
         .unwrap()
         .pem();
+    assert_strict_der_pem(
+        "the certificate written by the signer's workload user",
+        certificate.as_bytes(),
+    );
     let write_status = |name: &str| {
         let mut object: Value =
             serde_json::from_slice(&env.kubectl(&["get", "csr", name, "-o", "json"]).stdout).unwrap();

@@ -19,6 +19,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::envtest::Envtest;
+use crate::strict_der::assert_strict_der_pem;
 
 /// The management ServiceAccount's user name.
 pub const SIGNER_SERVICE_ACCOUNT: &str = "system:serviceaccount:node-attestation-system:node-attestation-signer";
@@ -290,7 +291,8 @@ pub async fn file_csr(client: &Client, name: &str, signer: &str, request: &[u8],
 }
 
 /// Waits until CSR `name` ends (issued, denied, failed; `approved_is_final` for serving CSRs),
-/// or `timeout` passes.
+/// or `timeout` passes. An issued certificate must be strict DER
+/// ([`crate::strict_der::assert_strict_der_pem`]).
 pub async fn wait_final(admin: &Client, name: &str, approved_is_final: bool, timeout: Duration) -> Final {
     let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
     let deadline = Instant::now() + timeout;
@@ -300,6 +302,10 @@ pub async fn wait_final(admin: &Client, name: &str, approved_is_final: bool, tim
             match state {
                 Final::Pending => {}
                 Final::Approved if !approved_is_final => {}
+                Final::Issued(pem) => {
+                    assert_strict_der_pem(&format!("CSR {name}'s status.certificate"), pem.as_bytes());
+                    return Final::Issued(pem);
+                }
                 done => return done,
             }
         }
