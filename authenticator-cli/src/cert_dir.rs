@@ -12,6 +12,7 @@ use attestation::identity::{NodeName, ProviderId};
 use time::{Duration, OffsetDateTime};
 use zeroize::Zeroizing;
 
+use crate::backoff::Backoff;
 use crate::secret_file::write_private;
 
 /// The file kubelet and this plugin read.
@@ -230,6 +231,37 @@ impl CertDir {
         std::fs::read_to_string(self.path(LAST_ERROR)).ok()
     }
 
+    /// The backoff record ([`crate::backoff`]): `Ok(None)` when there is none, `Err(why)` when
+    /// the file is unreadable or not a record (the caller treats it as absent and says so).
+    pub fn backoff(&self) -> Result<Option<Backoff>, String> {
+        use std::io::Read;
+        let path = self.path(crate::backoff::FILE);
+        let file = match std::fs::File::open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            other => other.map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+        };
+        let mut text = String::new();
+        file.take(crate::backoff::MAX_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        if text.len() as u64 > crate::backoff::MAX_FILE_BYTES {
+            return Err(format!("{} is larger than 64 KiB", path.display()));
+        }
+        Backoff::parse(&text)
+            .map(Some)
+            .map_err(|why| format!("{}: {why}", path.display()))
+    }
+
+    /// Writes the backoff record (0600, atomic).
+    pub fn store_backoff(&self, backoff: &Backoff) -> Result<()> {
+        write_private(&self.path(crate::backoff::FILE), backoff.to_json().as_bytes())
+    }
+
+    /// Removes the backoff record: the next refusal starts the schedule again.
+    pub fn clear_backoff(&self) {
+        let _ = std::fs::remove_file(self.path(crate::backoff::FILE));
+    }
+
     /// Takes the exclusive lock of the dir (blocking): one invocation files a CSR at a time.
     pub fn lock(&self) -> Result<std::fs::File> {
         let path = self.path(LOCK);
@@ -341,6 +373,44 @@ mod tests {
             matches!(cache.current(&node(), Some(&pid), now), Cached::Unusable(why) if why.contains("provider ID")),
             "a certificate without the expected provider ID is not this node's"
         );
+    }
+
+    #[test]
+    fn the_backoff_file_is_private_round_trips_and_refuses_what_is_not_a_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CertDir::open(dir.path()).unwrap();
+        assert_eq!(cache.backoff(), Ok(None));
+        let now = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let refused = crate::obtain::Refused {
+            csr: "node-csr-abc".into(),
+            condition: crate::obtain::Refusal::Failed,
+            reason: "SignerFailed".into(),
+            message: "m".into(),
+            supported: None,
+        };
+        let record = Backoff::after(None, "req", &refused, now, 0.3);
+        cache.store_backoff(&record).unwrap();
+        assert_eq!(cache.backoff(), Ok(Some(record)));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(cache.path(crate::backoff::FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+
+        std::fs::write(cache.path(crate::backoff::FILE), " ".repeat(70 * 1024)).unwrap();
+        assert!(matches!(cache.backoff(), Err(why) if why.contains("64 KiB")));
+        std::fs::write(cache.path(crate::backoff::FILE), [0xff, 0xfe, b'{']).unwrap();
+        assert!(cache.backoff().is_err(), "not UTF-8");
+        std::fs::remove_file(cache.path(crate::backoff::FILE)).unwrap();
+        std::fs::create_dir(cache.path(crate::backoff::FILE)).unwrap();
+        assert!(cache.backoff().is_err(), "a directory in its place");
+        std::fs::remove_dir(cache.path(crate::backoff::FILE)).unwrap();
+        cache.clear_backoff();
+        assert_eq!(cache.backoff(), Ok(None));
     }
 
     proptest::proptest! {

@@ -2,7 +2,10 @@
 //! rotation point; otherwise, under the cert dir's lock, obtain a new one (bootstrap token the
 //! first time, the current certificate for renewals) and answer with it. A failure while the
 //! old certificate is still valid answers with the old one and says why on stderr; stdout only
-//! ever receives one whole `ExecCredential`.
+//! ever receives one whole `ExecCredential`. After a denial no CSR is filed until the backoff
+//! ([`crate::backoff`]) has passed: until then the old certificate is answered (held by
+//! client-go until the backoff ends) or, without one, the denial and the time of the next
+//! attempt go to stderr.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,10 +14,11 @@ use anyhow::{Context, Result, bail};
 use attestation::identity::{NodeName, ProviderId};
 use time::OffsetDateTime;
 
+use crate::backoff::{self, Backoff, Hold};
 use crate::cert_dir::{Cached, CertDir, Credential};
 use crate::csr::AttestorName;
 use crate::exec_credential::{ExecApiVersion, exec_credential, parse_exec_info};
-use crate::obtain::{Identity, Issued, Request, client, obtain};
+use crate::obtain::{Identity, Issued, Refused, Request, client, obtain};
 
 /// Flags of exec mode (and of `status` and `kubeconfig`, which describe it). Every flag also
 /// reads an environment variable.
@@ -88,10 +92,38 @@ impl ExecArgs {
             .clone()
             .unwrap_or_else(|| self.attestor.signer_name().to_owned())
     }
+
+    /// What a CSR of these flags asks for (attestor, signer, node, provider ID): a backoff
+    /// recorded for another request does not hold, since changing them is the fix it waits for.
+    pub fn request_key(&self, node: &NodeName, provider_id: &ProviderId) -> String {
+        let attestor = clap::ValueEnum::to_possible_value(&self.attestor)
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default();
+        format!(
+            "{attestor} {} {} {}",
+            self.signer(),
+            node.username(),
+            provider_id.as_str()
+        )
+    }
 }
 
 fn answer(version: ExecApiVersion, credential: &Credential) -> String {
-    exec_credential(version, &credential.cert_pem, &credential.key_pem, credential.rotate_at)
+    answer_until(version, credential, credential.rotate_at)
+}
+
+/// An answer client-go holds until `expires` (then it calls again).
+fn answer_until(version: ExecApiVersion, credential: &Credential, expires: OffsetDateTime) -> String {
+    exec_credential(version, &credential.cert_pem, &credential.key_pem, expires)
+}
+
+/// A uniform draw in [0, 1) for the backoff's jitter (0 if the system's generator fails).
+fn jitter() -> f64 {
+    let mut bytes = [0u8; 8];
+    match aws_lc_rs::rand::fill(&mut bytes) {
+        Ok(()) => (u64::from_be_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64,
+        Err(_) => 0.0,
+    }
 }
 
 /// Runs exec mode; returns the `ExecCredential` to print.
@@ -120,6 +152,41 @@ pub fn run(args: &ExecArgs) -> Result<String> {
         }
         Cached::Missing => None,
     };
+
+    // After a denial, no new CSR until the backoff's delay has passed (checked under the lock,
+    // so of concurrent calls only the first after the delay files one).
+    let request = args.request_key(&node, &provider_id);
+    let backoff = dir.backoff().unwrap_or_else(|why| {
+        eprintln!("kubelet-authenticator: ignoring the backoff record: {why}");
+        None
+    });
+    if let Some(record) = &backoff {
+        match record.hold(&request, now) {
+            Hold::Until(until) => {
+                let why = format!(
+                    "backing off: no new CSR before {} after {}",
+                    backoff::when(until, now),
+                    record.describe()
+                );
+                return match cached {
+                    Some(old) => {
+                        eprintln!(
+                            "kubelet-authenticator: {why}; answering with the current certificate (valid until {})",
+                            old.not_after
+                        );
+                        Ok(answer_until(version, &old, until.min(old.not_after)))
+                    }
+                    None => bail!("{why} (remove {} to try at once)", dir.path(backoff::FILE).display()),
+                };
+            }
+            Hold::Implausible => eprintln!(
+                "kubelet-authenticator: ignoring the backoff record: it asks to wait beyond the {} cap (has the clock moved back?)",
+                backoff::CAP
+            ),
+            Hold::Over | Hold::OtherRequest => {}
+        }
+    }
+
     match renew(args, &node, &provider_id, cached.as_ref()) {
         Ok(issued) => {
             let now = OffsetDateTime::now_utc();
@@ -137,18 +204,36 @@ pub fn run(args: &ExecArgs) -> Result<String> {
             })?;
             dir.store(&fresh.cert_pem, &fresh.key_pem, now)?;
             dir.clear_error();
+            dir.clear_backoff();
             Ok(answer(version, &fresh))
         }
         Err(error) => {
-            dir.record_error(&format!("{error:#}"), OffsetDateTime::now_utc());
+            let now = OffsetDateTime::now_utc();
+            dir.record_error(&format!("{error:#}"), now);
+            // A denial starts (or lengthens) the backoff; other failures (network, timeout)
+            // file nothing more often than the timeout allows and leave it as it is.
+            let retry_at = error.downcast_ref::<Refused>().map(|refused| {
+                let next = Backoff::after(backoff.as_ref(), &request, refused, now, jitter());
+                if let Err(e) = dir.store_backoff(&next) {
+                    eprintln!("kubelet-authenticator: cannot record the backoff: {e:#}");
+                }
+                next.retry_at
+            });
+            let then = retry_at
+                .map(|at| format!("; no new CSR before {}", backoff::when(at, now)))
+                .unwrap_or_default();
             match cached {
-                Some(old) if OffsetDateTime::now_utc() < old.not_after => {
+                Some(old) if now < old.not_after => {
                     eprintln!(
-                        "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {error:#}",
+                        "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {error:#}{then}",
                         old.not_after
                     );
-                    Ok(answer(version, &old))
+                    Ok(match retry_at {
+                        Some(at) => answer_until(version, &old, at.min(old.not_after)),
+                        None => answer(version, &old),
+                    })
                 }
+                _ if retry_at.is_some() => Err(anyhow::anyhow!("{error:#}{then}")),
                 _ => Err(error),
             }
         }

@@ -4,6 +4,7 @@
 //! - exec mode (no subcommand): what kubelet runs; [`exec`].
 //! - `status`, `kubeconfig`: [`report`]; `csr`: an offline request, [`csr`].
 
+mod backoff;
 mod cert_dir;
 mod csr;
 mod exec;
@@ -33,7 +34,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// What the cert dir holds: subject, provider ID, validity, rotation point, last error.
+    /// What the cert dir holds: subject, provider ID, validity, rotation point, backoff, last error.
     Status,
     /// Print a kubelet kubeconfig whose user runs this plugin with the given flags.
     Kubeconfig(report::KubeconfigArgs),

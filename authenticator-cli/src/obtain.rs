@@ -185,27 +185,76 @@ async fn wait(api: &Api<CertificateSigningRequest>, name: &str, challenge: Optio
     Err(anyhow!("the watch of CSR {name} ended"))
 }
 
+/// A CSR the signer refused for good: `Denied`, or `Failed` (approved, then found not to
+/// hold). Exec mode backs off after one ([`crate::backoff`]); other errors (network, timeout)
+/// are not refusals.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("CSR {csr} was {}: {reason}: {message}{}", .condition.verb(), .supported.as_ref().map(|v| format!(" (the signer supports {v}: choose one with --attestor)")).unwrap_or_default())]
+pub struct Refused {
+    /// The CSR's name.
+    pub csr: String,
+    /// Which condition ended it.
+    pub condition: Refusal,
+    /// The condition's reason (`MachineAlreadyClaimed`, ...).
+    pub reason: String,
+    /// The condition's message.
+    pub message: String,
+    /// The versions the signer supports, when it answered an unsupported one.
+    pub supported: Option<String>,
+}
+
+/// The condition of a refused CSR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `Denied`: the signer's checks failed.
+    Denied,
+    /// `Failed`: approved, then not signed.
+    Failed,
+}
+
+impl Refusal {
+    /// The condition type, as the CSR spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Denied => "Denied",
+            Self::Failed => "Failed",
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            Self::Denied => "denied",
+            Self::Failed => "marked Failed",
+        }
+    }
+}
+
 /// The CSR's end: the certificate, or the denial / failure with its reason and message (and,
-/// for an unsupported attestation version, the versions the signer supports).
+/// for an unsupported attestation version, the versions the signer supports) as [`Refused`].
 fn outcome(csr: &CertificateSigningRequest) -> Option<Result<String>> {
     let status = csr.status.as_ref()?;
     let name = csr.metadata.name.as_deref().unwrap_or_default();
     if let Some(conditions) = &status.conditions {
         for c in conditions {
-            if (c.type_ == "Denied" || c.type_ == "Failed") && c.status == "True" {
-                let supported = csr
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ANNOTATION_SUPPORTED_VERSIONS))
-                    .map(|v| format!(" (the signer supports {v}: choose one with --attestor)"))
-                    .unwrap_or_default();
-                return Some(Err(anyhow!(
-                    "CSR {name} was {}: {}: {}{supported}",
-                    if c.type_ == "Denied" { "denied" } else { "marked Failed" },
-                    c.reason.as_deref().unwrap_or("no reason"),
-                    c.message.as_deref().unwrap_or("no message")
-                )));
+            let condition = match c.type_.as_str() {
+                "Denied" => Refusal::Denied,
+                "Failed" => Refusal::Failed,
+                _ => continue,
+            };
+            if c.status == "True" {
+                return Some(Err(Refused {
+                    csr: name.to_owned(),
+                    condition,
+                    reason: c.reason.clone().unwrap_or_else(|| "no reason".to_owned()),
+                    message: c.message.clone().unwrap_or_else(|| "no message".to_owned()),
+                    supported: csr
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(ANNOTATION_SUPPORTED_VERSIONS))
+                        .cloned(),
+                }
+                .into()));
             }
         }
     }

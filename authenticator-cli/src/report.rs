@@ -7,10 +7,11 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use time::OffsetDateTime;
 
+use crate::backoff::{self, Hold};
 use crate::cert_dir::{CURRENT, Cached, CertDir};
 use crate::exec::ExecArgs;
 
-/// `status`: subject, provider ID, validity, rotation point, last error.
+/// `status`: subject, provider ID, validity, rotation point, backoff, last error.
 pub fn status(args: &ExecArgs) -> Result<String> {
     let node = args.node()?;
     let provider_id = args.provider_id().ok();
@@ -20,12 +21,19 @@ pub fn status(args: &ExecArgs) -> Result<String> {
     let _ = writeln!(out, "cert dir:      {}", args.cert_dir.display());
     let _ = writeln!(out, "node:          {}", node.username());
     let _ = writeln!(out, "signer:        {}", args.signer());
+    let backoff = dir.backoff();
+    let request = provider_id.as_ref().map(|p| args.request_key(&node, p));
+    let hold = match (&backoff, &request) {
+        (Ok(Some(record)), Some(request)) => Some(record.hold(request, now)),
+        _ => None,
+    };
     match dir.current(&node, provider_id.as_ref(), now) {
         Cached::Missing => {
-            let _ = writeln!(
-                out,
-                "certificate:   none yet ({CURRENT} is missing): the next call files a CSR"
-            );
+            let next = match hold {
+                Some(Hold::Until(_)) => "a CSR is filed when the backoff ends",
+                _ => "the next call files a CSR",
+            };
+            let _ = writeln!(out, "certificate:   none yet ({CURRENT} is missing): {next}");
         }
         Cached::Unusable(why) => {
             let _ = writeln!(out, "certificate:   UNUSABLE, will be replaced: {why}");
@@ -42,10 +50,37 @@ pub fn status(args: &ExecArgs) -> Result<String> {
             let _ = writeln!(out, "not after:     {}", c.not_after);
             let state = if now < c.rotate_at {
                 "cached, answered at once"
+            } else if let Some(Hold::Until(_)) = hold {
+                "due: renewed when the backoff ends, answered until then"
             } else {
                 "due: the next call renews"
             };
             let _ = writeln!(out, "rotation at:   {} ({state})", c.rotate_at);
+        }
+    }
+    match backoff {
+        Ok(None) => {
+            let _ = writeln!(out, "backoff:       none");
+        }
+        Err(why) => {
+            let _ = writeln!(out, "backoff:       ignored, not a record: {why}");
+        }
+        Ok(Some(record)) => {
+            let _ = writeln!(out, "backoff:       {}", record.describe());
+            let next = match hold {
+                Some(Hold::Until(until)) => format!("not before {}", backoff::when(until, now)),
+                Some(Hold::Over) => "the next call files a CSR (the delay has passed)".to_owned(),
+                Some(Hold::OtherRequest) => "the next call files a CSR (recorded for other flags)".to_owned(),
+                Some(Hold::Implausible) => format!(
+                    "the next call files a CSR (the record asks to wait beyond the {} cap: ignored)",
+                    backoff::CAP
+                ),
+                None => format!(
+                    "not before {} (no provider ID to compare)",
+                    backoff::rfc3339(record.retry_at)
+                ),
+            };
+            let _ = writeln!(out, "next CSR:      {next}");
         }
     }
     let _ = writeln!(

@@ -1,5 +1,7 @@
 //! Exec mode without a cluster: the errors a person acts on, the old certificate answered when
-//! renewal fails, and a foreign cache file refused. Every failure leaves stdout empty.
+//! renewal fails, and a foreign cache file refused. Every failure leaves stdout empty. A fake
+//! apiserver (plain HTTP, below) that denies or issues every CSR drives the backoff after a
+//! denial end to end.
 
 #![allow(clippy::unwrap_used)]
 
@@ -138,4 +140,384 @@ fn unusable_exec_info_and_an_absent_tpm_are_errors_not_credentials() {
     assert!(!tpm.status.success());
     assert!(tpm.stdout.is_empty());
     assert!(stderr(&tpm).contains("tpm"), "{}", stderr(&tpm));
+}
+
+/// What the fake apiserver answers for every CSR filed with it.
+#[derive(Clone, Copy)]
+enum Verdict {
+    /// `Denied` with this reason.
+    Deny(&'static str),
+    /// Issued: a certificate for the CSR's key, subject and provider ID, signed by a test CA.
+    Issue,
+}
+
+/// One CSR filed with the fake apiserver.
+#[derive(Debug, Clone)]
+struct Filed {
+    /// The name the fake gave it.
+    name: String,
+    /// Filed with a bearer token (the bootstrap kubeconfig's user); without one, the client
+    /// authenticated with its certificate (a renewal as the node).
+    bootstrap_token: bool,
+}
+
+/// A stand-in for the workload apiserver, plain HTTP on a loopback port: it takes CSRs and
+/// answers the watch's first list of each with the verdict. Enough for exec mode's file-and-wait
+/// (the signer's checks are the envtest suites' business); it records what was filed and how.
+struct FakeApiserver {
+    kubeconfig: std::path::PathBuf,
+    filed: std::sync::Arc<std::sync::Mutex<Vec<Filed>>>,
+    verdict: std::sync::Arc<std::sync::Mutex<Verdict>>,
+}
+
+impl FakeApiserver {
+    fn start(dir: &Path, verdict: Verdict) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let kubeconfig = dir.join("fake-bootstrap.conf");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\nusers:\n- name: u\n  user:\n    token: abcdef.0123456789abcdef\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n"
+            ),
+        )
+        .unwrap();
+        let filed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let verdict = std::sync::Arc::new(std::sync::Mutex::new(verdict));
+        let (seen, answer) = (filed.clone(), verdict.clone());
+        let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
+        std::thread::spawn(move || {
+            let mut csrs: Vec<Value> = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let Some((head, body)) = read_request(&mut stream) else {
+                    continue;
+                };
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                let bearer = head.to_ascii_lowercase().contains("\nauthorization: bearer ");
+                let (status, response) = if line.starts_with("POST ") {
+                    let mut csr: Value = serde_json::from_slice(&body).unwrap_or_default();
+                    let name = format!("node-csr-fake-{}", csrs.len());
+                    csr["metadata"] =
+                        serde_json::json!({"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"});
+                    seen.lock().unwrap().push(Filed {
+                        name,
+                        bootstrap_token: bearer,
+                    });
+                    let mut decided = csr.clone();
+                    decided["status"] = match *answer.lock().unwrap() {
+                        Verdict::Deny(reason) => serde_json::json!({"conditions": [{
+                            "type": "Denied", "status": "True", "reason": reason,
+                            "message": format!("fake apiserver says {reason}"),
+                            "lastUpdateTime": "2026-01-01T00:00:00Z"}]}),
+                        Verdict::Issue => serde_json::json!({"certificate": issue(&ca, &csr)}),
+                    };
+                    csrs.push(decided);
+                    ("201 Created", csr)
+                } else if line.starts_with("GET ") && !line.contains("watch=") {
+                    let items: Vec<&Value> = csrs
+                        .iter()
+                        .filter(|c| {
+                            c["metadata"]["name"].as_str().is_some_and(|n| {
+                                line.contains(&format!("metadata.name%3D{n} "))
+                                    || line.contains(&format!("metadata.name%3D{n}&"))
+                            })
+                        })
+                        .collect();
+                    (
+                        "200 OK",
+                        serde_json::json!({
+                        "apiVersion": "certificates.k8s.io/v1",
+                        "kind": "CertificateSigningRequestList",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": items}),
+                    )
+                } else {
+                    // A watch after the list: nothing more to say.
+                    ("200 OK", Value::Null)
+                };
+                let body = if response.is_null() {
+                    String::new()
+                } else {
+                    response.to_string()
+                };
+                let _ = std::io::Write::write_all(
+                    &mut stream,
+                    format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        Self {
+            kubeconfig,
+            filed,
+            verdict,
+        }
+    }
+
+    fn filed(&self) -> Vec<Filed> {
+        self.filed.lock().unwrap().clone()
+    }
+
+    fn answer(&self, verdict: Verdict) {
+        *self.verdict.lock().unwrap() = verdict;
+    }
+}
+
+/// The head (as text) and body of one HTTP/1.1 request.
+fn read_request(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::Read;
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let end = loop {
+        if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = stream.read(&mut chunk).ok().filter(|n| *n > 0)?;
+        buffer.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buffer[end..].to_vec();
+    while body.len() < length {
+        let n = stream.read(&mut chunk).ok().filter(|n| *n > 0)?;
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some((head, body))
+}
+
+/// A certificate for the filed CSR's key, as the signer would issue it (base64 of the PEM, as
+/// `status.certificate` travels).
+fn issue(ca: &tests::ca::TestCa, csr: &Value) -> String {
+    use base64::Engine;
+    use x509_parser::prelude::FromDer;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let request = b64.decode(csr["spec"]["request"].as_str().unwrap()).unwrap();
+    let envelope = attestation::envelope::RequestEnvelope::parse(&request).unwrap();
+    let (_, parsed) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&envelope.csr_der).unwrap();
+    let spki = rcgen::SubjectPublicKeyInfo::from_der(parsed.certification_request_info.subject_pki.raw).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:worker-0");
+    params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
+        attestation::names::PROVIDER_ID_OID,
+        attestation::identity::ProviderId::new(PID)
+            .unwrap()
+            .to_extension_value(),
+    ));
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::minutes(5);
+    params.not_after = now + Duration::hours(24);
+    let cert = params.signed_by(&spki, &tests::ca::issuer(ca)).unwrap();
+    b64.encode(cert.pem())
+}
+
+fn backoff_record(cert_dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(cert_dir.join("kubelet-authenticator-backoff")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    let api = FakeApiserver::start(dir.path(), Verdict::Deny("MachineAlreadyClaimed"));
+
+    let denied = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(!denied.status.success());
+    assert!(denied.stdout.is_empty(), "no partial credential");
+    assert!(
+        stderr(&denied).contains("denied: MachineAlreadyClaimed") && stderr(&denied).contains("no new CSR before"),
+        "{}",
+        stderr(&denied)
+    );
+    assert_eq!(api.filed().len(), 1);
+    let record = backoff_record(&cert_dir);
+    assert_eq!(record["denials"], 1);
+    assert_eq!(record["reason"], "MachineAlreadyClaimed");
+    assert_eq!(record["csr"], "node-csr-fake-0");
+    assert_eq!(api.filed()[0].name, "node-csr-fake-0");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(cert_dir.join("kubelet-authenticator-backoff"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    // kubelet calls again at once, and again: nothing is filed, the reason is repeated.
+    for _ in 0..3 {
+        let held = plugin(&api.kubeconfig, &cert_dir, &[], None);
+        assert!(!held.status.success());
+        assert!(held.stdout.is_empty());
+        assert!(
+            stderr(&held).contains("backing off") && stderr(&held).contains("MachineAlreadyClaimed"),
+            "{}",
+            stderr(&held)
+        );
+    }
+    assert_eq!(api.filed().len(), 1, "no CSR while backing off");
+    let status = plugin(&api.kubeconfig, &cert_dir, &["status"], None);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("backoff:       1 denial in a row") && text.contains("next CSR:      not before"),
+        "{text}"
+    );
+
+    // The delay passes (the record says so): one CSR, denied again, twice the delay.
+    let mut record = backoff_record(&cert_dir);
+    record["retryAt"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    let again = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(!again.status.success());
+    assert_eq!(api.filed().len(), 2);
+    let record = backoff_record(&cert_dir);
+    assert_eq!(record["denials"], 2);
+    let denied_at = OffsetDateTime::parse(
+        record["deniedAt"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let retry_at = OffsetDateTime::parse(
+        record["retryAt"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    let delay = retry_at - denied_at;
+    assert!(
+        delay >= Duration::seconds(47) && delay <= Duration::seconds(60),
+        "{delay}"
+    );
+
+    // Other flags are another request: the record does not hold them back.
+    let signer = plugin(
+        &api.kubeconfig,
+        &cert_dir,
+        &["--signer-name", "example.com/other"],
+        None,
+    );
+    assert!(!signer.status.success());
+    assert_eq!(api.filed().len(), 3, "a changed configuration is tried at once");
+
+    // Issued at last: answered, and the backoff is gone.
+    api.answer(Verdict::Issue);
+    let mut record = backoff_record(&cert_dir);
+    record["retryAt"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    let issued = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(issued.status.success(), "{}", stderr(&issued));
+    let credential: Value = serde_json::from_slice(&issued.stdout).unwrap();
+    assert!(
+        credential["status"]["clientCertificateData"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
+    assert!(!cert_dir.join("kubelet-authenticator-backoff").exists());
+    assert!(
+        api.filed().iter().all(|f| f.bootstrap_token),
+        "no certificate yet: every CSR was a bootstrap"
+    );
+}
+
+#[test]
+fn while_backing_off_a_still_valid_certificate_is_answered_until_the_delay_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let api = FakeApiserver::start(dir.path(), Verdict::Deny("EndorsementKeyMismatch"));
+    let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .unwrap()
+        .serialize_pem();
+    let now = OffsetDateTime::now_utc();
+    let due = node_certificate(
+        &ca,
+        &key,
+        "worker-0",
+        PID,
+        now - Duration::hours(19),
+        now + Duration::hours(1),
+    );
+    std::fs::write(cert_dir.join("kubelet-client-current.pem"), format!("{due}{key}")).unwrap();
+
+    // The renewal is denied: the old certificate is answered, held until the delay ends.
+    let denied = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(denied.status.success(), "{}", stderr(&denied));
+    assert!(
+        stderr(&denied).contains("EndorsementKeyMismatch"),
+        "{}",
+        stderr(&denied)
+    );
+    assert_eq!(api.filed().len(), 1);
+    assert!(!api.filed()[0].bootstrap_token, "a renewal, as the node");
+    let credential: Value = serde_json::from_slice(&denied.stdout).unwrap();
+    assert_eq!(
+        credential["status"]["clientCertificateData"].as_str().unwrap().trim(),
+        due.trim()
+    );
+    let record = backoff_record(&cert_dir);
+    assert_eq!(
+        credential["status"]["expirationTimestamp"], record["retryAt"],
+        "client-go calls again when the delay ends, not before"
+    );
+
+    let held = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(held.status.success(), "{}", stderr(&held));
+    assert!(stderr(&held).contains("backing off"), "{}", stderr(&held));
+    let again: Value = serde_json::from_slice(&held.stdout).unwrap();
+    assert_eq!(again["status"], credential["status"]);
+    assert_eq!(api.filed().len(), 1, "nothing filed while backing off");
+}
+
+#[test]
+fn a_corrupt_or_implausible_backoff_record_is_ignored_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let api = FakeApiserver::start(dir.path(), Verdict::Deny("MachineNotFound"));
+    let file = cert_dir.join("kubelet-authenticator-backoff");
+
+    std::fs::write(&file, "{\"denials\": \"many\"").unwrap();
+    let status = plugin(&api.kubeconfig, &cert_dir, &["status"], None);
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("backoff:       ignored, not a record"),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    let corrupt = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(
+        stderr(&corrupt).contains("ignoring the backoff record"),
+        "{}",
+        stderr(&corrupt)
+    );
+    assert_eq!(api.filed().len(), 1, "treated as absent: one CSR");
+    assert_eq!(backoff_record(&cert_dir)["denials"], 1, "and a fresh record");
+
+    // A record from the future (the clock moved back): not believed beyond the cap.
+    let mut record = backoff_record(&cert_dir);
+    record["retryAt"] = "2999-01-01T00:00:00Z".into();
+    record["denials"] = 7.into();
+    std::fs::write(&file, record.to_string()).unwrap();
+    let future = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(stderr(&future).contains("beyond the"), "{}", stderr(&future));
+    assert_eq!(api.filed().len(), 2);
+    assert_eq!(backoff_record(&cert_dir)["denials"], 8, "still consecutive");
 }
