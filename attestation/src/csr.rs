@@ -898,10 +898,7 @@ mod tests {
             ])])
         };
         let cases: Vec<(&str, Vec<Vec<u8>>)> = vec![
-            (
-                "second value",
-                vec![extension_request(&[one(), seq(&[ca_true()])])],
-            ),
+            ("second value", vec![extension_request(&[one(), seq(&[ca_true()])])]),
             (
                 "extensions after an empty SET",
                 vec![seq(&[oid(EXTENSION_REQUEST_OID), set(&[]), one()])],
@@ -920,10 +917,7 @@ mod tests {
             ),
             (
                 "two extensionRequests",
-                vec![
-                    extension_request(&[one()]),
-                    extension_request(&[seq(&[ca_true()])]),
-                ],
+                vec![extension_request(&[one()]), extension_request(&[seq(&[ca_true()])])],
             ),
             (
                 "bytes after the value in the SET",
@@ -935,11 +929,7 @@ mod tests {
             ),
             (
                 "bytes after the attribute's SET",
-                vec![seq(&[
-                    oid(EXTENSION_REQUEST_OID),
-                    set(&[one()]),
-                    seq(&[ca_true()]),
-                ])],
+                vec![seq(&[oid(EXTENSION_REQUEST_OID), set(&[one()]), seq(&[ca_true()])])],
             ),
             ("explicit critical FALSE", vec![extension_request(&[critical(&[0x00])])]),
             ("BER critical TRUE", vec![extension_request(&[critical(&[0x01])])]),
