@@ -62,6 +62,10 @@ impl NodeDirectory for Unreachable {
     fn node(&self, _name: &str) -> NodeLookup {
         NodeLookup::Unavailable("connection refused".into())
     }
+
+    fn node_with_provider_id(&self, _provider_id: &str) -> NodeLookup {
+        NodeLookup::Unavailable("connection refused".into())
+    }
 }
 
 #[derive(Clone)]
@@ -259,6 +263,23 @@ enum Expect {
 }
 
 type Case = (&'static str, fn() -> Scenario, Expect);
+
+const POOL_PID: &str = "aws:///us-east-1a/i-pool1";
+const POOL_PID_2: &str = "aws:///us-east-1a/i-pool2";
+
+/// Instance i-pool1 of MachinePool pool-a (two instances), asking for node `name`.
+fn pool_instance(name: &str) -> Scenario {
+    let mut s = Scenario::client();
+    s.request = RequestSpec::kubelet(name, POOL_PID);
+    s.machines.push(capi::machine_pool("pool-a", &[POOL_PID, POOL_PID_2]));
+    s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+    s
+}
+
+/// A claim record for the pool annotation.
+fn pool_claim(pid: &str, node: &str) -> Value {
+    json!({"nodeName": node, "providerID": pid, "csrUID": "first", "claimedAt": "2026-11-01T00:00:00Z"})
+}
 
 /// Runs the cases; returns every denial reason they reached.
 fn check(cases: &[Case]) -> std::collections::BTreeSet<DenyReason> {
@@ -1165,6 +1186,202 @@ fn client_csr_table() {
                 s
             },
             Denied(MachineAlreadyClaimed),
+        ),
+        // Revision 2, rule 10: a node name belongs to one Machine or pool instance.
+        (
+            "denies a pool instance taking another Machine's name",
+            || pool_instance("worker-1"),
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking another Machine's infrastructure name",
+            || pool_instance("worker-1-infra"),
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking another Machine's DNS address",
+            || pool_instance("worker-1.internal"),
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking another Machine's nodeRef",
+            || {
+                let mut s = pool_instance("node-b");
+                s.machines[1]["status"]["nodeRef"] = json!({"name": "node-b"});
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking the name on another Machine's claim",
+            || {
+                let mut s = pool_instance("node-c");
+                let record = json!({"nodeName": "node-c", "providerID": "aws:///us-east-1a/i-0def",
+                                    "csrUID": "x", "claimedAt": "2026-11-01T00:00:00Z"});
+                annotate(
+                    &mut s.machines[1],
+                    "cluster.x-k8s.io/kubelet-claim",
+                    &record.to_string(),
+                );
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking the name another instance of its pool claimed",
+            || {
+                let mut s = pool_instance("pool-node-x2");
+                let claims = json!({ POOL_PID_2: pool_claim(POOL_PID_2, "pool-node-x2") });
+                annotate(
+                    &mut s.machines[2],
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &claims.to_string(),
+                );
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "denies a pool instance taking the name an instance of another pool claimed",
+            || {
+                let mut s = pool_instance("pool-node-y1");
+                let mut other = capi::machine_pool("pool-b", &["aws:///us-east-1a/i-poolb1"]);
+                let claims =
+                    json!({ "aws:///us-east-1a/i-poolb1": pool_claim("aws:///us-east-1a/i-poolb1", "pool-node-y1") });
+                annotate(&mut other, "cluster.x-k8s.io/kubelet-claims", &claims.to_string());
+                s.machines.push(other);
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        (
+            "approves a pool instance whose name a removed instance once claimed",
+            || {
+                let mut s = pool_instance("pool-node-x9");
+                let claims =
+                    json!({ "aws:///us-east-1a/i-gone": pool_claim("aws:///us-east-1a/i-gone", "pool-node-x9") });
+                annotate(
+                    &mut s.machines[2],
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &claims.to_string(),
+                );
+                s
+            },
+            Approved,
+        ),
+        (
+            "denies a Machine asking for a name another Machine's nodeRef holds",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-0.internal", PID);
+                s.machines[1]["status"]["nodeRef"] = json!({"name": "worker-0.internal"});
+                s
+            },
+            Denied(NodeNameMismatch),
+        ),
+        // Revision 2, rule 11: a pool instance (or Machine) is registered by its Node.
+        (
+            "denies a pool instance whose Node registered under another name",
+            || {
+                let mut s = pool_instance("pool-node-new");
+                s.nodes.push(capi::node("pool-node-x1", Some(POOL_PID)));
+                s
+            },
+            Denied(NodeAlreadyRegistered),
+        ),
+        (
+            "denies a pool instance whose Node the pool's nodeRefs names",
+            || {
+                let mut s = pool_instance("pool-node-new");
+                s.machines[2]["status"]["nodeRefs"] = json!([{"kind": "Node", "name": "pool-node-x1"}]);
+                s.nodes.push(capi::node("pool-node-x1", Some(POOL_PID)));
+                s
+            },
+            Denied(NodeAlreadyRegistered),
+        ),
+        (
+            "waits on a pool instance while the Nodes cannot be read",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                s.nodes_unreachable = true;
+                s
+            },
+            Retry,
+        ),
+        (
+            "approves a pool instance when only another instance's Node exists",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                s.nodes.push(capi::node("pool-node-x2", Some(POOL_PID_2)));
+                s
+            },
+            Approved,
+        ),
+        (
+            "denies a Machine whose Node registered under another name before its nodeRef",
+            || {
+                let mut s = Scenario::client();
+                s.nodes.push(capi::node("i-0abc.ec2.internal", Some(PID)));
+                s
+            },
+            Denied(NodeAlreadyRegistered),
+        ),
+        // Revision 2, rule 12: an EK-bound Machine accepts only tpm/v1 with its EK.
+        (
+            "denies an insecure/v1 renewal of a Machine whose claim records an EK",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.claim("worker-0", "earlier-csr", Some(EK));
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "denies an insecure/v1 first join of a Machine carrying an EK pin",
+            || {
+                let mut s = Scenario::client();
+                annotate(&mut s.machines[0], "cluster.x-k8s.io/tpm-ek-sha256", EK);
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "denies an insecure/v1 instance of an EK-pinned MachinePool",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                annotate(&mut s.machines[2], "cluster.x-k8s.io/tpm-ek-sha256", EK);
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "denies an insecure/v1 renewal of a pool instance whose claim records an EK",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                let mut claim = pool_claim(POOL_PID, "pool-node-x1");
+                claim["ekSHA256"] = json!(EK);
+                annotate(
+                    &mut s.machines[2],
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &json!({ POOL_PID: claim }).to_string(),
+                );
+                s.csr.username = "system:node:pool-node-x1".into();
+                s.csr.groups = vec!["system:nodes".into()];
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "approves tpm/v1 with the EK a Machine's claim records, on renewal",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.claim("worker-0", "earlier-csr", Some(EK));
+                s.as_tpm(verified(EK));
+                s
+            },
+            Approved,
         ),
         // Rule 12.
         (
