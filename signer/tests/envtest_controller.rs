@@ -58,12 +58,19 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     let env = Envtest::start("envtest_controller");
     env.install_capi_crds();
     let admin = live::client(&env.admin_kubeconfig).await;
-    // kubeadm's hole, present before the signer starts.
+    // kubeadm's two holes, present before the signer starts.
     apply(
         &admin,
         &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:node-autoapprove-bootstrap"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:bootstrappers"}]}),
+    )
+    .await;
+    apply(
+        &admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:node-autoapprove-certificate-rotation"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]}),
     )
     .await;
     let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
@@ -74,26 +81,22 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     apply(&w.admin, &capi::node("cp-0", Some(&pid("cp-0")))).await;
     let mut signer = Signer::start(std::path::Path::new(SIGNER_BIN), &w.env, &["--csr-max-age", "6s"]).await;
 
-    // The legacy binding is removed and reported.
+    // Both legacy bindings are removed and reported.
     let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(w.admin.clone());
-    let mut removed = false;
-    for _ in 0..100 {
-        if bindings
-            .get_opt("kubeadm:node-autoapprove-bootstrap")
-            .await
-            .unwrap()
-            .is_none()
-        {
-            removed = true;
-            break;
+    for binding in [
+        "kubeadm:node-autoapprove-bootstrap",
+        "kubeadm:node-autoapprove-certificate-rotation",
+    ] {
+        let mut removed = false;
+        for _ in 0..100 {
+            if bindings.get_opt(binding).await.unwrap().is_none() {
+                removed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(removed, "{binding} still present; signer log:\n{}", signer.log());
     }
-    assert!(
-        removed,
-        "kubeadm:node-autoapprove-bootstrap still present; signer log:\n{}",
-        signer.log()
-    );
 
     // A node joins: approved, claimed, signed; the certificate is system:node:worker-0.
     let worker0 = RequestSpec::kubelet("worker-0", &pid("worker-0"));
@@ -408,7 +411,7 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     assert_eq!(
         metric(
             &metrics,
-            "node_attestation_legacy_autoapprove_binding{cluster=\"team-a/prod\"}"
+            "node_attestation_legacy_autoapprove_binding{cluster=\"team-a/prod\",binding=\"kubeadm:node-autoapprove-certificate-rotation\"}"
         ),
         0.0,
         "{metrics}"

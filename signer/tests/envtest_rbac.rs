@@ -172,6 +172,20 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         WORKLOAD_USER,
         &["delete", "clusterrolebinding", "kubeadm:node-autoapprove-bootstrap"],
     );
+    env.apply(&[
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:node-autoapprove-certificate-rotation"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "system:nodes"}]}),
+    ]);
+    allowed(
+        &env,
+        WORKLOAD_USER,
+        &[
+            "delete",
+            "clusterrolebinding",
+            "kubeadm:node-autoapprove-certificate-rotation",
+        ],
+    );
 
     // Management cluster: Cluster API objects, Secrets by name only, its own Lease.
     let mut machine = capi::machine("worker-0", Some("aws:///us-east-1a/i-0abc"));

@@ -50,13 +50,20 @@ struct ClusterLabels {
     cluster: String,
 }
 
+/// A kubeadm binding in a cluster: bounded (two binding names).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BindingLabels {
+    cluster: String,
+    binding: String,
+}
+
 /// The signer's metrics.
 #[derive(Debug, Clone)]
 pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     issue_latency: Histogram,
     clusters: Family<StateLabels, Gauge>,
-    legacy_autoapprove: Family<ClusterLabels, Gauge>,
+    legacy_autoapprove: Family<BindingLabels, Gauge>,
     queue_dropped: Family<ClusterLabels, Counter>,
     leader: Gauge,
 }
@@ -89,7 +96,7 @@ impl Metrics {
         r.register("clusters", "Opted-in clusters by state", metrics.clusters.clone());
         r.register(
             "legacy_autoapprove_binding",
-            "1 while kubeadm:node-autoapprove-bootstrap exists in the workload cluster",
+            "1 while a kubeadm auto-approve binding (node-autoapprove-bootstrap, node-autoapprove-certificate-rotation) exists in the workload cluster",
             metrics.legacy_autoapprove.clone(),
         );
         r.register(
@@ -123,11 +130,12 @@ impl Metrics {
         }
     }
 
-    /// Reports the legacy binding's presence in `cluster`.
-    pub fn legacy_autoapprove(&self, cluster: &str, present: bool) {
+    /// Reports a legacy binding's presence in `cluster`.
+    pub fn legacy_autoapprove(&self, cluster: &str, binding: &str, present: bool) {
         self.legacy_autoapprove
-            .get_or_create(&ClusterLabels {
+            .get_or_create(&BindingLabels {
                 cluster: cluster.to_owned(),
+                binding: binding.to_owned(),
             })
             .set(i64::from(present));
     }
@@ -137,7 +145,12 @@ impl Metrics {
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
-        self.legacy_autoapprove.remove(&labels);
+        for binding in super::workload::LEGACY_AUTOAPPROVE_BINDINGS {
+            self.legacy_autoapprove.remove(&BindingLabels {
+                cluster: cluster.to_owned(),
+                binding: binding.name.to_owned(),
+            });
+        }
         self.queue_dropped.remove(&labels);
     }
 

@@ -55,7 +55,8 @@ pub struct RunArgs {
     /// How long transient gaps are retried before a CSR is denied `Expired`.
     #[arg(long, env = "SIGNER_CSR_MAX_AGE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub csr_max_age: std::time::Duration,
-    /// Keep kubeadm's `kubeadm:node-autoapprove-bootstrap` binding (still reported).
+    /// Keep kubeadm's `kubeadm:node-autoapprove-bootstrap` and
+    /// `kubeadm:node-autoapprove-certificate-rotation` bindings (still reported).
     #[arg(long, env = "SIGNER_KEEP_LEGACY_AUTOAPPROVE")]
     pub keep_legacy_autoapprove: bool,
     /// Leader election through a coordination.k8s.io Lease.

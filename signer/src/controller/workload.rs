@@ -40,9 +40,27 @@ use super::nodes::NodeIndex;
 use super::queue::{Pushed, WorkQueue};
 use crate::csr_object::{Stage, csr_object, stage};
 
-/// kubeadm's binding that lets any bootstrap-token holder get a node identity from
-/// kube-controller-manager, bypassing this signer.
-pub const LEGACY_AUTOAPPROVE_BINDING: &str = "kubeadm:node-autoapprove-bootstrap";
+/// A kubeadm ClusterRoleBinding that lets kube-controller-manager hand out kubelet identities
+/// around this signer, and what it lets through.
+#[derive(Debug, Clone, Copy)]
+pub struct LegacyBinding {
+    /// The ClusterRoleBinding's name.
+    pub name: &'static str,
+    /// What it lets through, for the log and the Event.
+    pub hole: &'static str,
+}
+
+/// kubeadm's auto-approve bindings (SPEC section 3): both are removed and reported.
+pub const LEGACY_AUTOAPPROVE_BINDINGS: [LegacyBinding; 2] = [
+    LegacyBinding {
+        name: "kubeadm:node-autoapprove-bootstrap",
+        hole: "lets any bootstrap token holder get any node identity from kube-controller-manager",
+    },
+    LegacyBinding {
+        name: "kubeadm:node-autoapprove-certificate-rotation",
+        hole: "lets a node renew through kube-controller-manager without attestation (a stolen node key outlives its Machine's EK binding, and kubelet's own rotation replaces the attested certificate)",
+    },
+];
 
 /// The controller's tunables.
 #[derive(Debug, Clone)]
@@ -719,55 +737,65 @@ impl Worker {
         }
     }
 
+    /// SPEC section 3's cluster duty: kubeadm's auto-approve bindings are reported while they
+    /// exist and removed unless `--keep-legacy-autoapprove`.
     async fn legacy_binding_loop(self: Arc<Self>) {
         let api: Api<ClusterRoleBinding> = Api::all(self.client.clone());
-        let mut reported = false;
+        let mut reported = [false; LEGACY_AUTOAPPROVE_BINDINGS.len()];
         loop {
-            match api.get_opt(LEGACY_AUTOAPPROVE_BINDING).await {
-                Ok(Some(_)) => {
-                    self.shared.metrics.legacy_autoapprove(&self.key, true);
-                    let keep = self.shared.settings.keep_legacy_autoapprove;
-                    if !reported {
-                        tracing::warn!(
-                            binding = LEGACY_AUTOAPPROVE_BINDING,
-                            keep,
-                            "the workload cluster lets any bootstrap token holder get any node identity from kube-controller-manager"
-                        );
-                        self.cluster_event(
-                            EventType::Warning,
-                            "LegacyAutoapproveBinding",
-                            &format!(
-                                "ClusterRoleBinding {LEGACY_AUTOAPPROVE_BINDING} in the workload cluster lets any bootstrap token holder bypass attestation{}",
-                                if keep { "; kept (--keep-legacy-autoapprove)" } else { "; removing it" }
-                            ),
-                        )
-                        .await;
-                        reported = true;
-                    }
-                    if !keep {
-                        match api.delete(LEGACY_AUTOAPPROVE_BINDING, &Default::default()).await {
-                            Ok(_) => {
-                                tracing::info!(binding = LEGACY_AUTOAPPROVE_BINDING, "removed");
-                                self.shared.metrics.legacy_autoapprove(&self.key, false);
-                                self.cluster_event(
-                                    EventType::Normal,
-                                    "LegacyAutoapproveRemoved",
-                                    &format!("removed ClusterRoleBinding {LEGACY_AUTOAPPROVE_BINDING} from the workload cluster"),
-                                )
-                                .await;
-                                reported = false;
-                            }
-                            Err(e) => tracing::warn!(error = %e, "cannot remove {LEGACY_AUTOAPPROVE_BINDING}"),
-                        }
-                    }
-                }
-                Ok(None) => {
-                    self.shared.metrics.legacy_autoapprove(&self.key, false);
-                    reported = false;
-                }
-                Err(e) => tracing::debug!(error = %e, "cannot check {LEGACY_AUTOAPPROVE_BINDING}"),
+            for (binding, reported) in LEGACY_AUTOAPPROVE_BINDINGS.iter().zip(reported.iter_mut()) {
+                self.legacy_binding(&api, binding, reported).await;
             }
             tokio::time::sleep(self.shared.settings.resync).await;
+        }
+    }
+
+    async fn legacy_binding(&self, api: &Api<ClusterRoleBinding>, binding: &LegacyBinding, reported: &mut bool) {
+        let name = binding.name;
+        match api.get_opt(name).await {
+            Ok(Some(_)) => {
+                self.shared.metrics.legacy_autoapprove(&self.key, name, true);
+                let keep = self.shared.settings.keep_legacy_autoapprove;
+                if !*reported {
+                    tracing::warn!(binding = name, keep, "the workload cluster {}", binding.hole);
+                    self.cluster_event(
+                        EventType::Warning,
+                        "LegacyAutoapproveBinding",
+                        &format!(
+                            "ClusterRoleBinding {name} in the workload cluster {}{}",
+                            binding.hole,
+                            if keep {
+                                "; kept (--keep-legacy-autoapprove)"
+                            } else {
+                                "; removing it"
+                            }
+                        ),
+                    )
+                    .await;
+                    *reported = true;
+                }
+                if !keep {
+                    match api.delete(name, &Default::default()).await {
+                        Ok(_) => {
+                            tracing::info!(binding = name, "removed");
+                            self.shared.metrics.legacy_autoapprove(&self.key, name, false);
+                            self.cluster_event(
+                                EventType::Normal,
+                                "LegacyAutoapproveRemoved",
+                                &format!("removed ClusterRoleBinding {name} from the workload cluster"),
+                            )
+                            .await;
+                            *reported = false;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot remove {name}"),
+                    }
+                }
+            }
+            Ok(None) => {
+                self.shared.metrics.legacy_autoapprove(&self.key, name, false);
+                *reported = false;
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot check {name}"),
         }
     }
 
