@@ -215,7 +215,7 @@ fn bounded(text: &str) -> String {
 }
 
 /// Control characters (a terminal's escape sequences) escaped.
-fn printable(text: &str) -> String {
+pub fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escaped: Vec<char> = if c.is_control() {

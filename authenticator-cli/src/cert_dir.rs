@@ -4,6 +4,19 @@
 //! A cached credential is only trusted when it parses, its key matches its certificate, it is
 //! for this node (CN `system:node:<name>`, O `system:nodes`, the provider-ID extension when one
 //! is asked for) and it is still valid; anything else is reported and replaced.
+//!
+//! A certificate for this node that the plugin did not obtain is told apart
+//! ([`Cached::Foreign`]): kubelet's own certificate manager, when its rotation is on, writes
+//! kube-controller-manager's certificates into the same `kubelet-client-current.pem`. The
+//! plugin knows its own by [`OBTAINED`], the SHA-256 of every certificate it stored, written
+//! before the link is swapped so the file never points at an unrecorded certificate of ours.
+//!
+//! Upgrade: a cert dir written by a version before that record has none. Then a certificate
+//! carrying this node's provider-ID extension counts as obtained (only this plugin's signers put
+//! that extension in a kubelet certificate; kube-controller-manager copies no extensions), and
+//! one without it does not. The first certificate stored creates the record. A record that is
+//! unreadable or corrupt counts as absent: it is a diagnosis, not a trust boundary (whoever can
+//! write it can write the certificate too), and answering the upgrade rule is the safe default.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +34,11 @@ pub const CURRENT: &str = "kubelet-client-current.pem";
 pub const LAST_ERROR: &str = "kubelet-authenticator-last-error";
 /// The lock serialising concurrent invocations.
 pub const LOCK: &str = "kubelet-authenticator.lock";
+/// The SHA-256 of the certificates this plugin stored (no secrets in it).
+pub const OBTAINED: &str = "kubelet-authenticator-obtained";
+/// How many stored certificates [`OBTAINED`] remembers (the current one, and a few before it
+/// for a crash between the record and the link).
+const OBTAINED_KEPT: usize = 8;
 
 /// A certificate and key from the cert dir, checked.
 #[derive(Clone)]
@@ -33,6 +51,8 @@ pub struct Credential {
     pub subject: String,
     /// The provider ID in the certificate, if any.
     pub provider_id: Option<String>,
+    /// SHA-256 of the certificate (DER), lowercase hex.
+    pub sha256: String,
     /// Validity.
     pub not_before: OffsetDateTime,
     /// Validity.
@@ -57,8 +77,32 @@ pub enum Cached {
     Missing,
     /// A usable credential (possibly past its rotation point).
     Usable(Credential),
+    /// A valid certificate for this node, with its key, that this plugin did not obtain.
+    Foreign(Credential, NotObtained),
     /// A file that must not be used; why.
     Unusable(String),
+}
+
+/// How the plugin knows a certificate is not one it obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotObtained {
+    /// It carries no provider-ID extension (this plugin's signers always copy it).
+    NoProviderId,
+    /// [`OBTAINED`] does not list it.
+    NotRecorded,
+}
+
+impl NotObtained {
+    /// What a person should read, and do.
+    pub fn explain(self) -> String {
+        let how = match self {
+            Self::NoProviderId => "it carries no provider-ID extension",
+            Self::NotRecorded => "it is not among the certificates kubelet-authenticator stored",
+        };
+        format!(
+            "not obtained by kubelet-authenticator ({how}): kubelet's own rotation (rotateCertificates / --rotate-certificates) probably wrote it; run kubelet with --rotate-certificates=false"
+        )
+    }
 }
 
 /// The rotation point: `not_before` plus a fraction of the lifetime between 70% and 90%,
@@ -74,13 +118,31 @@ pub fn rotation_point(cert_der: &[u8], not_before: OffsetDateTime, not_after: Of
     not_before + Duration::seconds_f64(lifetime.as_seconds_f64() * fraction)
 }
 
-/// Parses and checks a `cert + key` PEM file's contents for `node` (and `provider_id`).
+/// Parses and checks a `cert + key` PEM file's contents for `node` and `provider_id` (the
+/// certificate must carry it when one is given).
 pub fn check(
     contents: &str,
     node: &NodeName,
     provider_id: Option<&ProviderId>,
     now: OffsetDateTime,
 ) -> Result<Credential, String> {
+    let credential = check_node(contents, node, now)?;
+    if let Some(wanted) = provider_id
+        && credential.provider_id.as_deref() != Some(wanted.as_str())
+    {
+        return Err(format!(
+            "certificate provider ID {:?} is not {:?}",
+            credential.provider_id,
+            wanted.as_str()
+        ));
+    }
+    Ok(credential)
+}
+
+/// Parses and checks a `cert + key` PEM file's contents for `node`: one certificate and its
+/// key, CN `system:node:<name>`, O `system:nodes`, not expired. The provider ID is read, not
+/// checked.
+fn check_node(contents: &str, node: &NodeName, now: OffsetDateTime) -> Result<Credential, String> {
     let mut cert_pem = None;
     let mut key_pem = None;
     for block in pem::parse_many(contents.as_bytes()).map_err(|e| format!("not PEM: {e}"))? {
@@ -124,14 +186,6 @@ pub fn check(
         .find(|e| Some(&e.oid) == provider_oid.as_ref())
         .and_then(|e| ProviderId::from_extension_value(e.value).ok())
         .map(|p| p.as_str().to_owned());
-    if let Some(wanted) = provider_id
-        && cert_provider_id.as_deref() != Some(wanted.as_str())
-    {
-        return Err(format!(
-            "certificate provider ID {cert_provider_id:?} is not {:?}",
-            wanted.as_str()
-        ));
-    }
     let not_before = parsed.validity().not_before.to_datetime();
     let not_after = parsed.validity().not_after.to_datetime();
     if now >= not_after {
@@ -142,10 +196,19 @@ pub fn check(
         key_pem: key_text,
         subject,
         provider_id: cert_provider_id,
+        sha256: sha256_hex(cert.contents()),
         rotate_at: rotation_point(cert.contents(), not_before, not_after),
         not_before,
         not_after,
     })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// PEM with `\n` line endings (the `pem` crate writes `\r\n` by default).
@@ -178,22 +241,63 @@ impl CertDir {
         self.dir.join(name)
     }
 
-    /// What `kubelet-client-current.pem` holds for `node`.
+    /// What `kubelet-client-current.pem` holds for `node`: a certificate with another
+    /// Machine's provider ID is unusable; one without the extension, or one [`OBTAINED`] does
+    /// not list, is foreign.
     pub fn current(&self, node: &NodeName, provider_id: Option<&ProviderId>, now: OffsetDateTime) -> Cached {
         let path = self.path(CURRENT);
-        match std::fs::read_to_string(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Cached::Missing,
-            Err(e) => Cached::Unusable(format!("cannot read {}: {e}", path.display())),
-            Ok(contents) => match check(&contents, node, provider_id, now) {
-                Ok(credential) => Cached::Usable(credential),
-                Err(why) => Cached::Unusable(format!("{}: {why}", path.display())),
+        let credential = match std::fs::read_to_string(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Cached::Missing,
+            Err(e) => return Cached::Unusable(format!("cannot read {}: {e}", path.display())),
+            Ok(contents) => match check_node(&contents, node, now) {
+                Ok(credential) => credential,
+                Err(why) => return Cached::Unusable(format!("{}: {why}", path.display())),
+            },
+        };
+        match (&credential.provider_id, provider_id) {
+            (None, _) => Cached::Foreign(credential, NotObtained::NoProviderId),
+            (Some(have), Some(wanted)) if have != wanted.as_str() => Cached::Unusable(format!(
+                "{}: certificate provider ID {have:?} is not {:?}",
+                path.display(),
+                wanted.as_str()
+            )),
+            _ => match self.obtained() {
+                Some(record) if !record.sha256.contains(&credential.sha256) => {
+                    Cached::Foreign(credential, NotObtained::NotRecorded)
+                }
+                // Listed; or no record (an earlier version's dir: the provider-ID extension
+                // makes it ours, see the module's documentation).
+                _ => Cached::Usable(credential),
             },
         }
     }
 
-    /// Stores a new credential: `kubelet-client-<timestamp>.pem` (0600, atomic), then
-    /// `kubelet-client-current.pem` pointed at it by an atomic rename of a fresh symlink.
-    pub fn store(&self, cert_pem: &str, key_pem: &str, now: OffsetDateTime) -> Result<PathBuf> {
+    /// The record of stored certificates; `None` when there is none or it is not a record.
+    pub fn obtained(&self) -> Option<Obtained> {
+        use std::io::Read;
+        let file = std::fs::File::open(self.path(OBTAINED)).ok()?;
+        let mut text = String::new();
+        file.take(crate::backoff::MAX_FILE_BYTES + 1)
+            .read_to_string(&mut text)
+            .ok()?;
+        Obtained::parse(&text)
+    }
+
+    /// Stores a new credential: `kubelet-client-<timestamp>.pem` (0600, atomic), its SHA-256
+    /// added to [`OBTAINED`] (atomic), then `kubelet-client-current.pem` pointed at it by an
+    /// atomic rename of a fresh symlink. `replacing`: the foreign certificate it replaces, kept
+    /// in the record for `status`.
+    pub fn store(
+        &self,
+        cert_pem: &str,
+        key_pem: &str,
+        now: OffsetDateTime,
+        replacing: Option<(&Credential, NotObtained)>,
+    ) -> Result<PathBuf> {
+        let cert_der = pem::parse(cert_pem.as_bytes())
+            .ok()
+            .filter(|p| p.tag() == "CERTIFICATE")
+            .context("storing a certificate that is not one PEM CERTIFICATE")?;
         let stamp = format!(
             "{:04}-{:02}-{:02}-{:02}-{:02}-{:02}",
             now.year(),
@@ -207,6 +311,16 @@ impl CertDir {
         let file = self.path(&name);
         let contents = Zeroizing::new(format!("{}\n{}", cert_pem.trim_end(), key_pem.trim_end()) + "\n");
         write_private(&file, contents.as_bytes())?;
+        let mut record = self.obtained().unwrap_or_default();
+        record.remember(sha256_hex(cert_der.contents()));
+        if let Some((old, why)) = replacing {
+            record.replaced = Some(Replaced {
+                at: now,
+                sha256: old.sha256.clone(),
+                why: why.explain(),
+            });
+        }
+        write_private(&self.path(OBTAINED), record.to_json().as_bytes())?;
         let link = self.path(&format!(".{CURRENT}.{}", std::process::id()));
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&name, &link).with_context(|| format!("cannot create {}", link.display()))?;
@@ -276,6 +390,68 @@ impl CertDir {
     }
 }
 
+/// The certificates this plugin stored ([`OBTAINED`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Obtained {
+    /// SHA-256 (lowercase hex) of each, newest first.
+    pub sha256: Vec<String>,
+    /// The last foreign certificate a stored one replaced.
+    pub replaced: Option<Replaced>,
+}
+
+/// A foreign certificate the plugin replaced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replaced {
+    /// When.
+    pub at: OffsetDateTime,
+    /// Its SHA-256 (lowercase hex).
+    pub sha256: String,
+    /// Why it was foreign ([`NotObtained::explain`]).
+    pub why: String,
+}
+
+impl Obtained {
+    fn remember(&mut self, sha256: String) {
+        self.sha256.retain(|s| *s != sha256);
+        self.sha256.insert(0, sha256);
+        self.sha256.truncate(OBTAINED_KEPT);
+    }
+
+    fn to_json(&self) -> String {
+        let mut value = serde_json::json!({ "sha256": self.sha256 });
+        if let Some(r) = &self.replaced {
+            value["replaced"] = serde_json::json!({
+                "at": crate::backoff::rfc3339(r.at),
+                "sha256": r.sha256,
+                "why": r.why,
+            });
+        }
+        value.to_string() + "\n"
+    }
+
+    /// The record in `text`; `None` unless every digest is 64 lowercase hex characters.
+    fn parse(text: &str) -> Option<Self> {
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        let is_digest = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let sha256 = value
+            .get("sha256")?
+            .as_array()?
+            .iter()
+            .take(OBTAINED_KEPT)
+            .map(|d| d.as_str().filter(|d| is_digest(d)).map(str::to_owned))
+            .collect::<Option<Vec<_>>>()?;
+        let replaced = value.get("replaced").and_then(|r| {
+            Some(Replaced {
+                at: time::OffsetDateTime::parse(r.get("at")?.as_str()?, &time::format_description::well_known::Rfc3339)
+                    .ok()?,
+                sha256: r.get("sha256")?.as_str().filter(|d| is_digest(d))?.to_owned(),
+                why: r.get("why")?.as_str()?.chars().take(1024).collect(),
+            })
+        });
+        Some(Self { sha256, replaced })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,13 +460,32 @@ mod tests {
         NodeName::new("worker-0").unwrap()
     }
 
+    const PID: &str = "aws:///x";
+
     fn issue(cn: &str, not_before: OffsetDateTime, not_after: OffsetDateTime) -> (String, String) {
+        issue_with(cn, Some(PID), not_before, not_after)
+    }
+
+    /// A self-signed node certificate and its key; with the provider-ID extension when given
+    /// (as the signer issues), without it as kube-controller-manager does.
+    fn issue_with(
+        cn: &str,
+        provider_id: Option<&str>,
+        not_before: OffsetDateTime,
+        not_after: OffsetDateTime,
+    ) -> (String, String) {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params
             .distinguished_name
             .push(rcgen::DnType::OrganizationName, "system:nodes");
         params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        if let Some(id) = provider_id {
+            params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
+                attestation::names::PROVIDER_ID_OID,
+                ProviderId::new(id).unwrap().to_extension_value(),
+            ));
+        }
         params.not_before = not_before;
         params.not_after = not_after;
         let cert = params.self_signed(&key).unwrap();
@@ -331,7 +526,7 @@ mod tests {
             now - Duration::hours(1),
             now + Duration::hours(9),
         );
-        cache.store(&cert, &key, now).unwrap();
+        cache.store(&cert, &key, now, None).unwrap();
         let Cached::Usable(c) = cache.current(&node(), None, now) else {
             panic!()
         };
@@ -348,7 +543,7 @@ mod tests {
             now - Duration::hours(1),
             now + Duration::hours(9),
         );
-        cache.store(&other, &other_key, now).unwrap();
+        cache.store(&other, &other_key, now, None).unwrap();
         assert!(matches!(cache.current(&node(), None, now), Cached::Unusable(why) if why.contains("worker-1")));
 
         let (old, old_key) = issue(
@@ -356,10 +551,10 @@ mod tests {
             now - Duration::hours(9),
             now - Duration::hours(1),
         );
-        cache.store(&old, &old_key, now).unwrap();
+        cache.store(&old, &old_key, now, None).unwrap();
         assert!(matches!(cache.current(&node(), None, now), Cached::Unusable(why) if why.contains("expired")));
 
-        cache.store(&cert, &other_key, now).unwrap();
+        cache.store(&cert, &other_key, now, None).unwrap();
         assert!(matches!(cache.current(&node(), None, now), Cached::Unusable(why) if why.contains("does not match")));
 
         std::fs::write(cache.path("garbage.pem"), "not pem at all").unwrap();
@@ -367,11 +562,121 @@ mod tests {
         std::os::unix::fs::symlink("garbage.pem", cache.path(CURRENT)).unwrap();
         assert!(matches!(cache.current(&node(), None, now), Cached::Unusable(_)));
 
-        let pid = ProviderId::new("aws:///x").unwrap();
-        cache.store(&cert, &key, now).unwrap();
+        let other_machine = ProviderId::new("aws:///other").unwrap();
+        cache.store(&cert, &key, now, None).unwrap();
+        assert!(matches!(
+            cache.current(&node(), Some(&ProviderId::new(PID).unwrap()), now),
+            Cached::Usable(_)
+        ));
         assert!(
-            matches!(cache.current(&node(), Some(&pid), now), Cached::Unusable(why) if why.contains("provider ID")),
-            "a certificate without the expected provider ID is not this node's"
+            matches!(cache.current(&node(), Some(&other_machine), now), Cached::Unusable(why) if why.contains("provider ID")),
+            "a certificate for another Machine is not this node's"
+        );
+    }
+
+    #[test]
+    fn a_certificate_it_did_not_store_is_foreign_and_an_earlier_versions_dir_is_trusted_by_its_extension() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = CertDir::open(dir.path()).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let pid = ProviderId::new(PID).unwrap();
+        let hours = |h| now + Duration::hours(h);
+        let write_current = |cert: &str, key: &str, name: &str| {
+            std::fs::write(cache.path(name), format!("{cert}{key}")).unwrap();
+            let _ = std::fs::remove_file(cache.path(CURRENT));
+            std::os::unix::fs::symlink(name, cache.path(CURRENT)).unwrap();
+        };
+
+        // An earlier version's dir, no record: the provider-ID extension makes it ours.
+        let (ours, our_key) = issue("system:node:worker-0", hours(-1), hours(9));
+        write_current(&ours, &our_key, "kubelet-client-old.pem");
+        assert!(cache.obtained().is_none());
+        assert!(matches!(cache.current(&node(), Some(&pid), now), Cached::Usable(_)));
+
+        // kube-controller-manager's certificate (no extension), written by kubelet's rotation.
+        let (kcm, kcm_key) = issue_with("system:node:worker-0", None, hours(-1), hours(9));
+        write_current(&kcm, &kcm_key, "kubelet-client-kcm.pem");
+        let Cached::Foreign(foreign, why) = cache.current(&node(), Some(&pid), now) else {
+            panic!("a certificate without the extension is foreign")
+        };
+        assert_eq!(why, NotObtained::NoProviderId);
+        assert!(
+            why.explain().contains("--rotate-certificates=false"),
+            "{}",
+            why.explain()
+        );
+        assert!(
+            matches!(cache.current(&node(), None, now), Cached::Foreign(..)),
+            "with or without a provider ID to compare"
+        );
+
+        // Replaced by one it obtained: recorded, and the replacement noted.
+        let (fresh, fresh_key) = issue("system:node:worker-0", hours(-1), hours(9));
+        cache.store(&fresh, &fresh_key, now, Some((&foreign, why))).unwrap();
+        let Cached::Usable(stored) = cache.current(&node(), Some(&pid), now) else {
+            panic!("what it stored is usable")
+        };
+        let record = cache.obtained().unwrap();
+        assert_eq!(record.sha256, std::slice::from_ref(&stored.sha256));
+        let replaced = record.replaced.unwrap();
+        assert_eq!(replaced.sha256, foreign.sha256);
+        assert!(replaced.why.contains("no provider-ID extension"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(cache.path(OBTAINED)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+
+        // Now there is a record: a certificate with the extension it did not store is foreign.
+        write_current(&ours, &our_key, "kubelet-client-old.pem");
+        assert!(matches!(
+            cache.current(&node(), Some(&pid), now),
+            Cached::Foreign(_, NotObtained::NotRecorded)
+        ));
+        // Foreign never means usable for another node, or with another key.
+        let (other_node, other_key) = issue_with("system:node:worker-1", None, hours(-1), hours(9));
+        write_current(&other_node, &other_key, "kubelet-client-other.pem");
+        assert!(matches!(cache.current(&node(), Some(&pid), now), Cached::Unusable(_)));
+        write_current(&kcm, &our_key, "kubelet-client-mixed.pem");
+        assert!(
+            matches!(cache.current(&node(), Some(&pid), now), Cached::Unusable(why) if why.contains("does not match"))
+        );
+
+        // The record keeps the last few, newest first; the one current before a store stays listed.
+        for _ in 0..10 {
+            let (c, k) = issue("system:node:worker-0", hours(-1), hours(9));
+            cache.store(&c, &k, now, None).unwrap();
+        }
+        let record = cache.obtained().unwrap();
+        assert_eq!(record.sha256.len(), 8);
+        let Cached::Usable(latest) = cache.current(&node(), Some(&pid), now) else {
+            panic!()
+        };
+        assert_eq!(record.sha256[0], latest.sha256);
+    }
+
+    #[test]
+    fn a_corrupt_record_counts_as_none() {
+        let valid = "a".repeat(64);
+        for text in [
+            "".to_owned(),
+            "{".to_owned(),
+            "{\"sha256\": \"x\"}".to_owned(),
+            format!("{{\"sha256\": [\"{}\"]}}", "A".repeat(64)),
+            format!("{{\"sha256\": [\"{valid}\", 7]}}"),
+            format!("{{\"sha256\": [\"{}\"]}}", "a".repeat(63)),
+        ] {
+            assert_eq!(Obtained::parse(&text), None, "{text}");
+        }
+        let odd = Obtained::parse(&format!(
+            "{{\"sha256\": [\"{valid}\"], \"replaced\": {{\"at\": \"yesterday\"}}, \"new\": 1}}"
+        ))
+        .unwrap();
+        assert_eq!(
+            (odd.sha256, odd.replaced),
+            (vec![valid], None),
+            "a broken note drops the note only"
         );
     }
 
@@ -424,6 +729,7 @@ mod tests {
             let _ = check(&text, &node(), None, OffsetDateTime::now_utc());
             let pem = format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64_of(&bytes));
             let _ = check(&pem, &node(), None, OffsetDateTime::now_utc());
+            let _ = Obtained::parse(&text);
         }
 
         #[test]

@@ -5,7 +5,10 @@
 //! ever receives one whole `ExecCredential`. After a denial no CSR is filed until the backoff
 //! ([`crate::backoff`]) has passed: until then the old certificate is answered (held by
 //! client-go until the backoff ends) or, without one, the denial and the time of the next
-//! attempt go to stderr.
+//! attempt go to stderr. A valid certificate for this node that the plugin did not obtain
+//! ([`crate::cert_dir::Cached::Foreign`], typically kubelet's own rotation at work) is reported
+//! on every call and renewed with as the node's identity, never replaced through the bootstrap
+//! token, which a claimed Machine refuses.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -143,9 +146,24 @@ pub fn run(args: &ExecArgs) -> Result<String> {
     let _lock = dir.lock()?;
     // Another invocation may have renewed while this one waited for the lock.
     let now = OffsetDateTime::now_utc();
+    let mut foreign = None;
     let cached = match dir.current(&node, Some(&provider_id), now) {
         Cached::Usable(credential) if now < credential.rotate_at => return Ok(answer(version, &credential)),
         Cached::Usable(credential) => Some(credential),
+        // Said on every call while it is there. It is this node's identity (the apiserver takes
+        // it as system:node:<name>), so it renews like our own; bootstrapping instead would be
+        // refused for a claimed Machine, again and again.
+        Cached::Foreign(credential, why) => {
+            eprintln!(
+                "kubelet-authenticator: WARNING: {} holds a certificate for {} (valid until {}) {}; renewing with it as the node's identity",
+                dir.path(crate::cert_dir::CURRENT).display(),
+                credential.subject,
+                credential.not_after,
+                why.explain()
+            );
+            foreign = Some(why);
+            Some(credential)
+        }
         Cached::Unusable(why) => {
             eprintln!("kubelet-authenticator: ignoring the cached certificate: {why}; requesting a new one");
             None
@@ -202,9 +220,15 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                     issued.csr_name
                 )
             })?;
-            dir.store(&fresh.cert_pem, &fresh.key_pem, now)?;
+            dir.store(&fresh.cert_pem, &fresh.key_pem, now, cached.as_ref().zip(foreign))?;
             dir.clear_error();
             dir.clear_backoff();
+            if foreign.is_some() {
+                eprintln!(
+                    "kubelet-authenticator: replaced the certificate it did not obtain with CSR {}'s; if kubelet's own rotation is still on, it will write another",
+                    issued.csr_name
+                );
+            }
             Ok(answer(version, &fresh))
         }
         Err(error) => {
@@ -228,10 +252,10 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                         "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {error:#}{then}",
                         old.not_after
                     );
-                    Ok(match retry_at {
-                        Some(at) => answer_until(version, &old, at.min(old.not_after)),
-                        None => answer(version, &old),
-                    })
+                    // client-go calls again when the backoff ends, or at once after another
+                    // failure (a foreign certificate's own rotation point may be months away).
+                    let expires = retry_at.unwrap_or(old.rotate_at.min(now)).min(old.not_after);
+                    Ok(answer_until(version, &old, expires))
                 }
                 _ if retry_at.is_some() => Err(anyhow::anyhow!("{error:#}{then}")),
                 _ => Err(error),

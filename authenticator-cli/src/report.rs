@@ -38,6 +38,24 @@ pub fn status(args: &ExecArgs) -> Result<String> {
         Cached::Unusable(why) => {
             let _ = writeln!(out, "certificate:   UNUSABLE, will be replaced: {why}");
         }
+        Cached::Foreign(c, why) => {
+            let _ = writeln!(out, "certificate:   FOREIGN: {}", why.explain());
+            let _ = writeln!(
+                out,
+                "               {} ({})",
+                c.subject,
+                std::fs::canonicalize(dir.path(CURRENT)).unwrap_or_default().display()
+            );
+            let _ = writeln!(out, "provider ID:   {}", c.provider_id.as_deref().unwrap_or("(none)"));
+            let _ = writeln!(out, "not before:    {}", c.not_before);
+            let _ = writeln!(out, "not after:     {}", c.not_after);
+            let state = if let Some(Hold::Until(_)) = hold {
+                "renewed with it as the node's identity when the backoff ends, answered until then"
+            } else {
+                "the next call renews with it as the node's identity"
+            };
+            let _ = writeln!(out, "rotation:      {state}");
+        }
         Cached::Usable(c) => {
             let _ = writeln!(
                 out,
@@ -57,6 +75,15 @@ pub fn status(args: &ExecArgs) -> Result<String> {
             };
             let _ = writeln!(out, "rotation at:   {} ({state})", c.rotate_at);
         }
+    }
+    if let Some(replaced) = dir.obtained().and_then(|record| record.replaced) {
+        let _ = writeln!(
+            out,
+            "replaced:      at {} a certificate (sha256 {}) {}",
+            backoff::rfc3339(replaced.at),
+            replaced.sha256,
+            backoff::printable(&replaced.why)
+        );
     }
     match backoff {
         Ok(None) => {

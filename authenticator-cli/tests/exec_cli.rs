@@ -521,3 +521,157 @@ fn a_corrupt_or_implausible_backoff_record_is_ignored_with_a_warning() {
     assert_eq!(api.filed().len(), 2);
     assert_eq!(backoff_record(&cert_dir)["denials"], 8, "still consecutive");
 }
+
+/// What kube-controller-manager issues when kubelet's own rotation renews: the node's subject,
+/// no provider-ID extension.
+fn kcm_certificate(
+    ca: &tests::ca::TestCa,
+    key_pem: &str,
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+) -> String {
+    let key = rcgen::KeyPair::from_pem(key_pem).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "system:nodes");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "system:node:worker-0");
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.not_before = not_before;
+    params.not_after = not_after;
+    params.signed_by(&key, &tests::ca::issuer(ca)).unwrap().pem()
+}
+
+#[test]
+fn a_certificate_kubelets_rotation_wrote_is_reported_and_renewed_as_the_node_never_bootstrapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let api = FakeApiserver::start(dir.path(), Verdict::Deny("EndorsementKeyMismatch"));
+    let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .unwrap()
+        .serialize_pem();
+    let now = OffsetDateTime::now_utc();
+    // Fresh: a year to go, far from any rotation point. Still not answered as if it were ours.
+    let kcm = kcm_certificate(&ca, &key, now - Duration::minutes(5), now + Duration::days(365));
+    std::fs::write(cert_dir.join("kubelet-client-kcm.pem"), format!("{kcm}{key}")).unwrap();
+    std::os::unix::fs::symlink("kubelet-client-kcm.pem", cert_dir.join("kubelet-client-current.pem")).unwrap();
+
+    let status = plugin(&api.kubeconfig, &cert_dir, &["status"], None);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("FOREIGN: not obtained by kubelet-authenticator")
+            && text.contains("--rotate-certificates=false")
+            && text.contains("the next call renews with it as the node's identity"),
+        "{text}"
+    );
+
+    // The renewal is denied: said loudly, the foreign certificate answered until the backoff ends.
+    let denied = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(denied.status.success(), "{}", stderr(&denied));
+    let err = stderr(&denied);
+    assert!(
+        err.contains("WARNING")
+            && err.contains("not obtained by kubelet-authenticator")
+            && err.contains("--rotate-certificates=false"),
+        "{err}"
+    );
+    assert!(err.contains("EndorsementKeyMismatch"), "{err}");
+    let filed = api.filed();
+    assert_eq!(filed.len(), 1);
+    assert!(!filed[0].bootstrap_token, "a renewal as the node, not a bootstrap");
+    let credential: Value = serde_json::from_slice(&denied.stdout).unwrap();
+    assert_eq!(
+        credential["status"]["clientCertificateData"].as_str().unwrap().trim(),
+        kcm.trim()
+    );
+    assert_eq!(
+        credential["status"]["expirationTimestamp"],
+        backoff_record(&cert_dir)["retryAt"]
+    );
+
+    let held = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(held.status.success(), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains("not obtained by kubelet-authenticator"),
+        "said on every call"
+    );
+    assert_eq!(api.filed().len(), 1, "backing off");
+
+    // Renewed: replaced, said so, and `status` keeps the note.
+    api.answer(Verdict::Issue);
+    let mut record = backoff_record(&cert_dir);
+    record["retryAt"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    let renewed = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(renewed.status.success(), "{}", stderr(&renewed));
+    assert!(
+        stderr(&renewed).contains("replaced the certificate it did not obtain"),
+        "{}",
+        stderr(&renewed)
+    );
+    assert!(api.filed().iter().all(|f| !f.bootstrap_token), "never a bootstrap");
+    let credential: Value = serde_json::from_slice(&renewed.stdout).unwrap();
+    assert_ne!(
+        credential["status"]["clientCertificateData"].as_str().unwrap().trim(),
+        kcm.trim()
+    );
+    let cached = plugin(&api.kubeconfig, &cert_dir, &[], None);
+    assert!(cached.status.success());
+    assert!(
+        stderr(&cached).is_empty(),
+        "ours now: answered from the cache: {}",
+        stderr(&cached)
+    );
+    assert_eq!(api.filed().len(), 2);
+    let status = plugin(&api.kubeconfig, &cert_dir, &["status"], None);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("cached, answered at once")
+            && text.contains("replaced:")
+            && text.contains("--rotate-certificates=false"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_foreign_certificate_answered_after_a_failed_renewal_is_asked_for_again_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .unwrap()
+        .serialize_pem();
+    let now = OffsetDateTime::now_utc();
+    let kcm = kcm_certificate(&ca, &key, now - Duration::minutes(5), now + Duration::days(365));
+    std::fs::write(cert_dir.join("kubelet-client-current.pem"), format!("{kcm}{key}")).unwrap();
+    let out = plugin(&unreachable_kubeconfig(dir.path()), &cert_dir, &[], None);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("renewal failed") && stderr(&out).contains("unreachable"),
+        "{}",
+        stderr(&out)
+    );
+    let credential: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        credential["status"]["clientCertificateData"].as_str().unwrap().trim(),
+        kcm.trim()
+    );
+    let expires = OffsetDateTime::parse(
+        credential["status"]["expirationTimestamp"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap();
+    assert!(
+        expires <= OffsetDateTime::now_utc(),
+        "not held until its own rotation point, months away: {expires}"
+    );
+    assert!(
+        !cert_dir.join("kubelet-authenticator-backoff").exists(),
+        "no denial, no backoff"
+    );
+}
