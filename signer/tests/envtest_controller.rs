@@ -342,6 +342,46 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     .unwrap();
     assert_eq!(claims[pid("pool-1")]["nodeName"], "pool-node-1");
 
+    // Revision 2, through the controller's Node index: instance pool-2 registered its Node as
+    // pool-node-2 (before any claim); a bootstrap token asking for a new name for it is
+    // refused, and so is an instance taking the name the pool's first instance claimed.
+    apply(&w.admin, &capi::node("pool-node-2", Some(&pid("pool-2")))).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second_identity = join(
+        &w,
+        "pool-2-again",
+        &RequestSpec::kubelet("pool-node-2b", &pid("pool-2")),
+        SIGNER_INSECURE,
+        CLIENT_USAGES,
+    )
+    .await;
+    denied(
+        &second_identity,
+        "NodeAlreadyRegistered",
+        "a registered pool instance under a new name",
+    );
+    apply(
+        &w.admin,
+        &w.own(capi::machine_pool(
+            "pool",
+            &[&pid("pool-1"), &pid("pool-2"), &pid("pool-3")],
+        )),
+    )
+    .await;
+    let taken = join(
+        &w,
+        "pool-3",
+        &RequestSpec::kubelet("pool-node-1", &pid("pool-3")),
+        SIGNER_INSECURE,
+        CLIENT_USAGES,
+    )
+    .await;
+    denied(
+        &taken,
+        "NodeNameMismatch",
+        "a pool instance taking another instance's name",
+    );
+
     // Racing CSRs for one Machine: exactly one is signed, every time.
     const RACES: usize = 15;
     for i in 0..RACES {
