@@ -76,17 +76,14 @@ fn a_missing_bootstrap_kubeconfig_or_unreachable_apiserver_is_said_plainly() {
     );
 }
 
-#[test]
-fn a_failed_renewal_answers_the_still_valid_certificate_and_says_why() {
-    let dir = tempfile::tempdir().unwrap();
-    let cert_dir = dir.path().join("pki");
-    std::fs::create_dir(&cert_dir).unwrap();
+/// Stores worker-0's certificate 95% through its life (due for renewal, still valid) as the
+/// current one in `cert_dir`; returns its PEM.
+fn store_due_certificate(cert_dir: &Path) -> String {
     let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
         .unwrap()
         .serialize_pem();
     let now = OffsetDateTime::now_utc();
-    // 95% through its life: due for renewal, still valid.
     let due = node_certificate(
         &ca,
         &key,
@@ -96,6 +93,15 @@ fn a_failed_renewal_answers_the_still_valid_certificate_and_says_why() {
         now + Duration::hours(1),
     );
     std::fs::write(cert_dir.join("kubelet-client-current.pem"), format!("{due}{key}")).unwrap();
+    due
+}
+
+#[test]
+fn a_failed_renewal_answers_the_still_valid_certificate_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let due = store_due_certificate(&cert_dir);
     let bootstrap = unreachable_kubeconfig(dir.path());
     let out = plugin(&bootstrap, &cert_dir, &[], None);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -443,20 +449,7 @@ fn while_backing_off_a_still_valid_certificate_is_answered_until_the_delay_ends(
     let cert_dir = dir.path().join("pki");
     std::fs::create_dir(&cert_dir).unwrap();
     let api = FakeApiserver::start(dir.path(), Verdict::Deny("EndorsementKeyMismatch"));
-    let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .unwrap()
-        .serialize_pem();
-    let now = OffsetDateTime::now_utc();
-    let due = node_certificate(
-        &ca,
-        &key,
-        "worker-0",
-        PID,
-        now - Duration::hours(19),
-        now + Duration::hours(1),
-    );
-    std::fs::write(cert_dir.join("kubelet-client-current.pem"), format!("{due}{key}")).unwrap();
+    let due = store_due_certificate(&cert_dir);
 
     // The renewal is denied: the old certificate is answered, held until the delay ends.
     let denied = plugin(&api.kubeconfig, &cert_dir, &[], None);

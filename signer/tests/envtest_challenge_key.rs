@@ -10,9 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use attestation::names::{SIGNER_INSECURE, SIGNER_TPM};
-use kube::Client;
 use serde_json::{Value, json};
-use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
@@ -24,15 +22,6 @@ const HOME: &str = "signer-home";
 
 fn pid(name: &str) -> String {
     format!("aws:///eu-west-1b/i-{name}")
-}
-
-async fn machine(management: &Client, w: &Workload, name: &str) {
-    apply(
-        management,
-        &w.own(capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")),
-    )
-    .await;
-    apply(management, &w.own(capi::machine(name, Some(&pid(name))))).await;
 }
 
 /// Warning Events on the Cluster with `reason`, as (type, note).
@@ -63,7 +52,7 @@ async fn a_signer_without_its_namespace_serves_insecure_clusters_and_holds_tpm_c
     let management = live::client(&env.admin_kubeconfig).await;
     let w = Workload::register(env, &management, "team-a", "prod", "insecure,tpm").await;
     for name in ["worker-0", "worker-1"] {
-        machine(&management, &w, name).await;
+        w.add_machine(&management, name, &pid(name)).await;
     }
     let admin_kubeconfig = w.env.admin_kubeconfig.clone();
     let mut signer = Signer::run_as(

@@ -30,14 +30,7 @@ fn pid(name: &str) -> String {
 }
 
 async fn machine(management: &Client, w: &Workload, name: &str) {
-    apply(
-        management,
-        &w.own(capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")),
-    )
-    .await;
-    let mut m = w.own(capi::machine(name, Some(&pid(name))));
-    m["spec"]["clusterName"] = json!(w.cluster);
-    apply(management, &m).await;
+    w.add_machine(management, name, &pid(name)).await;
 }
 
 async fn join(w: &Workload, csr: &str, node: &str) -> Final {

@@ -12,6 +12,7 @@ pub mod pkcs10;
 pub mod strict_der;
 pub mod swtpm;
 pub mod tpm_world;
+pub mod worker0;
 
 use std::path::PathBuf;
 

@@ -193,6 +193,17 @@ impl Workload {
         client(&self.env.kubeconfig_for_certificate(node, cert_pem, key_pem)).await
     }
 
+    /// Adds a bootstrapped Machine `name` of this Cluster with `provider_id` to `management`,
+    /// with its KubeadmConfig `<name>-kc` naming the fixture token.
+    pub async fn add_machine(&self, management: &Client, name: &str, provider_id: &str) {
+        apply(
+            management,
+            &self.own(crate::capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")),
+        )
+        .await;
+        apply(management, &self.own(crate::capi::machine(name, Some(provider_id)))).await;
+    }
+
     /// Sets this Cluster's object in `management` to fixture form for `object`: name and
     /// namespace of this Cluster.
     pub fn own(&self, mut object: Value) -> Value {

@@ -18,18 +18,16 @@ use std::process::{Command, Stdio};
 
 use attestation::csr::{ParsedCsr, StringKind, SubjectAltName};
 use attestation::envelope::{ProviderVersion, RequestEnvelope};
-use attestation::insecure::InsecureVerifier;
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView, NodeView};
-use attestation::{Clock, Decision, Inputs, Rule, Verdict, attestor::Verifiers};
-use tests::capi;
+use attestation::{Decision, Rule, Verdict};
 use tests::csr::client_csr_object;
 use tests::pkcs10::{
     Critical, Pkcs10, attribute, attributes, ca_true_extension, extension, extension_request, name, oid, oids,
     provider_id_extension, san_extension, seq, set, string, tag, tlv,
 };
-use time::{Duration, macros::datetime};
+use tests::worker0::Worker0;
+use time::macros::datetime;
 
-const PID: &str = "aws:///us-east-1a/i-0abc";
+use tests::worker0::PID;
 
 /// One request to compare.
 struct Case {
@@ -340,31 +338,8 @@ fn signer(der: &[u8]) -> (Decision, Option<ParsedCsr>) {
     .encode()
     .into_bytes();
     let csr = client_csr_object(request, "abcdef");
-    let cluster = ClusterView::from_object(&capi::cluster("insecure")).unwrap();
-    let inventory = Inventory {
-        machines: vec![MachineView::from_object(&capi::machine("worker-0", Some(PID))).unwrap()],
-        kubeadm_configs: vec![
-            KubeadmConfigView::from_object(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2")).unwrap(),
-        ],
-        ..Inventory::default()
-    };
-    let nodes: Vec<NodeView> = Vec::new();
-    let verifiers = Verifiers::new().with(InsecureVerifier);
-    let now = datetime!(2026-11-22 08:00 UTC);
-    let inputs = Inputs {
-        csr: &csr,
-        cluster: &cluster,
-        inventory: &inventory,
-        nodes: &nodes,
-        csrs: &attestation::NoCsrs,
-        verifiers: &verifiers,
-        clock: Clock {
-            now,
-            first_seen: now,
-            max_age: Duration::minutes(15),
-        },
-    };
-    (attestation::decide(&inputs).unwrap(), ParsedCsr::from_der(der).ok())
+    let decision = Worker0::new("insecure").decide(&csr, datetime!(2026-11-22 08:00 UTC));
+    (decision, ParsedCsr::from_der(der).ok())
 }
 
 /// Whether the signer's parse and its subject and extension rules accept the request (the

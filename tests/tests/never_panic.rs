@@ -4,20 +4,18 @@
 
 #![allow(clippy::unwrap_used)]
 
-use attestation::attestor::Verifiers;
+use attestation::Outcome;
 use attestation::claim::{ClaimState, PoolClaims};
 use attestation::csr::ParsedCsr;
 use attestation::envelope::{ProviderVersion, RequestEnvelope};
 use attestation::identity::{NodeName, ProviderId};
-use attestation::insecure::InsecureVerifier;
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, NodeView};
-use attestation::{Clock, Inputs, Outcome};
+use attestation::machine::{ClusterView, KubeadmConfigView, MachinePoolView, MachineView, NodeView};
 use proptest::prelude::*;
-use tests::capi;
 use tests::csr::{RequestSpec, client_csr_object};
-use time::{Duration, macros::datetime};
+use tests::worker0::Worker0;
+use time::macros::datetime;
 
-const PID: &str = "aws:///us-east-1a/i-0abc";
+use tests::worker0::PID;
 
 fn valid_request() -> Vec<u8> {
     RequestSpec::kubelet("worker-0", PID).build()
@@ -27,31 +25,9 @@ fn valid_request() -> Vec<u8> {
 fn decide(request: Vec<u8>) -> Outcome {
     let mut csr = client_csr_object(request, "abcdef");
     csr.created = Some(datetime!(2026-11-22 08:00 UTC));
-    let cluster = ClusterView::from_object(&capi::cluster("tpm,insecure")).unwrap();
-    let inventory = Inventory {
-        machines: vec![MachineView::from_object(&capi::machine("worker-0", Some(PID))).unwrap()],
-        pools: Vec::new(),
-        kubeadm_configs: vec![
-            KubeadmConfigView::from_object(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2")).unwrap(),
-        ],
-    };
-    let nodes: Vec<NodeView> = Vec::new();
-    let verifiers = Verifiers::new().with(InsecureVerifier);
-    let now = datetime!(2026-11-22 08:01 UTC);
-    let inputs = Inputs {
-        csr: &csr,
-        cluster: &cluster,
-        inventory: &inventory,
-        nodes: &nodes,
-        csrs: &attestation::NoCsrs,
-        verifiers: &verifiers,
-        clock: Clock {
-            now,
-            first_seen: now,
-            max_age: Duration::minutes(15),
-        },
-    };
-    attestation::decide(&inputs).unwrap().outcome
+    Worker0::new("tpm,insecure")
+        .decide(&csr, datetime!(2026-11-22 08:01 UTC))
+        .outcome
 }
 
 #[derive(Debug, Clone)]
