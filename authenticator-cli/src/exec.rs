@@ -20,7 +20,7 @@ use time::OffsetDateTime;
 use crate::backoff::{self, Backoff, Hold};
 use crate::cert_dir::{Cached, CertDir, Credential};
 use crate::csr::AttestorName;
-use crate::exec_credential::{ExecApiVersion, exec_credential, parse_exec_info};
+use crate::exec_credential::{ExecApiVersion, ExecCluster, exec_credential, parse_exec_cluster, parse_exec_info};
 use crate::obtain::{Identity, Issued, Refused, Request, client, obtain};
 
 /// Flags of exec mode (and of `status` and `kubeconfig`, which describe it). Every flag also
@@ -131,7 +131,8 @@ fn jitter() -> f64 {
 
 /// Runs exec mode; returns the `ExecCredential` to print.
 pub fn run(args: &ExecArgs) -> Result<String> {
-    let version = parse_exec_info(std::env::var("KUBERNETES_EXEC_INFO").ok().as_deref())?;
+    let exec_info = std::env::var("KUBERNETES_EXEC_INFO").ok();
+    let version = parse_exec_info(exec_info.as_deref())?;
     let node = args.node()?;
     let provider_id = args.provider_id()?;
     let dir = CertDir::open(&args.cert_dir)?;
@@ -205,7 +206,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
         }
     }
 
-    match renew(args, &node, &provider_id, cached.as_ref()) {
+    match renew(args, &node, &provider_id, cached.as_ref(), exec_info.as_deref()) {
         Ok(issued) => {
             let now = OffsetDateTime::now_utc();
             let fresh = crate::cert_dir::check(
@@ -264,7 +265,14 @@ pub fn run(args: &ExecArgs) -> Result<String> {
     }
 }
 
-fn renew(args: &ExecArgs, node: &NodeName, provider_id: &ProviderId, current: Option<&Credential>) -> Result<Issued> {
+fn renew(
+    args: &ExecArgs,
+    node: &NodeName,
+    provider_id: &ProviderId,
+    current: Option<&Credential>,
+    exec_info: Option<&str>,
+) -> Result<Issued> {
+    let cluster: Option<ExecCluster> = parse_exec_cluster(exec_info)?;
     let mut attestor = args.attestor.attestor(&args.tpm)?;
     let signer = args.signer();
     let expiration_seconds = args
@@ -290,7 +298,7 @@ fn renew(args: &ExecArgs, node: &NodeName, provider_id: &ProviderId, current: Op
             },
             None => Identity::Bootstrap,
         };
-        let client = client(&args.bootstrap_kubeconfig, identity).await?;
+        let client = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity).await?;
         obtain(&client, &request, attestor.as_mut()).await
     })
 }

@@ -57,6 +57,66 @@ pub fn parse_exec_info(raw: Option<&str>) -> Result<ExecApiVersion, ExecInfoErro
     }
 }
 
+/// The workload apiserver as client-go describes it in `KUBERNETES_EXEC_INFO` when the
+/// kubeconfig says `provideClusterInfo: true`: kubelet's own kubeconfig's cluster. Renewals use
+/// it, so they keep working after `kubeadm join` deleted the bootstrap kubeconfig.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExecCluster {
+    /// `spec.cluster.server`
+    pub server: String,
+    /// `spec.cluster.certificate-authority-data` (PEM bytes; client-go reads a CA file in).
+    pub certificate_authority: Option<Vec<u8>>,
+    /// `spec.cluster.tls-server-name`
+    pub tls_server_name: Option<String>,
+}
+
+impl std::fmt::Debug for ExecCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecCluster")
+            .field("server", &self.server)
+            .field(
+                "certificate_authority",
+                &self.certificate_authority.as_ref().map(Vec::len),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads `spec.cluster` of `KUBERNETES_EXEC_INFO`, when client-go sent one. A cluster whose
+/// TLS is not verified (`insecure-skip-tls-verify`) is refused: a renewal sends the node's
+/// attestation and wants the real apiserver.
+pub fn parse_exec_cluster(raw: Option<&str>) -> Result<Option<ExecCluster>, ExecInfoError> {
+    use base64::Engine;
+    let Some(raw) = raw.filter(|r| !r.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let value: Value = serde_json::from_str(raw).map_err(|e| ExecInfoError::Malformed(e.to_string()))?;
+    let Some(cluster) = value.pointer("/spec/cluster").filter(|c| !c.is_null()) else {
+        return Ok(None);
+    };
+    let text = |key: &str| cluster.get(key).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let Some(server) = text("server") else {
+        return Err(ExecInfoError::Malformed("spec.cluster.server is missing".into()));
+    };
+    if cluster.get("insecure-skip-tls-verify").and_then(Value::as_bool) == Some(true) {
+        return Err(ExecInfoError::Malformed(
+            "spec.cluster.insecure-skip-tls-verify is set: the plugin renews only over verified TLS".into(),
+        ));
+    }
+    let certificate_authority = text("certificate-authority-data")
+        .map(|b64| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .map_err(|e| ExecInfoError::Malformed(format!("spec.cluster.certificate-authority-data: {e}")))
+        })
+        .transpose()?;
+    Ok(Some(ExecCluster {
+        server: server.to_owned(),
+        certificate_authority,
+        tls_server_name: text("tls-server-name").map(str::to_owned),
+    }))
+}
+
 /// The whole `ExecCredential` to print: built completely before anything is written, so
 /// stdout never holds a partial credential.
 pub fn exec_credential(version: ExecApiVersion, cert_pem: &str, key_pem: &str, expires: OffsetDateTime) -> String {
@@ -100,6 +160,32 @@ mod tests {
             parse_exec_info(Some(r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"Pod"}"#)),
             Err(ExecInfoError::Malformed(_))
         ));
+    }
+
+    #[test]
+    fn the_cluster_client_go_provides_is_read_and_an_unverified_one_refused() {
+        assert_eq!(parse_exec_cluster(None), Ok(None));
+        let without =
+            r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false}}"#;
+        assert_eq!(parse_exec_cluster(Some(without)), Ok(None));
+        let with = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{"interactive":false,
+            "cluster":{"server":"https://10.0.0.1:6443","certificate-authority-data":"UEVN","tls-server-name":"api"}}}"#;
+        assert_eq!(
+            parse_exec_cluster(Some(with)),
+            Ok(Some(ExecCluster {
+                server: "https://10.0.0.1:6443".into(),
+                certificate_authority: Some(b"PEM".to_vec()),
+                tls_server_name: Some("api".into()),
+            }))
+        );
+        for bad in [
+            r#"{"spec":{"cluster":{"server":"https://x","insecure-skip-tls-verify":true}}}"#,
+            r#"{"spec":{"cluster":{"certificate-authority-data":"UEVN"}}}"#,
+            r#"{"spec":{"cluster":{"server":"https://x","certificate-authority-data":"!"}}}"#,
+            "[",
+        ] {
+            assert!(parse_exec_cluster(Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -20,6 +20,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use zeroize::Zeroizing;
 
+use crate::exec_credential::ExecCluster;
+
 /// What to ask for.
 pub struct Request<'a> {
     /// The node.
@@ -57,17 +59,36 @@ pub enum Identity<'a> {
     },
 }
 
-/// A client of the workload apiserver from the bootstrap kubeconfig, as `identity`.
-pub async fn client(bootstrap_kubeconfig: &Path, identity: Identity<'_>) -> Result<Client> {
-    let mut kubeconfig = Kubeconfig::read_from(bootstrap_kubeconfig).with_context(|| {
-        format!(
-            "cannot read the bootstrap kubeconfig {} (--bootstrap-kubeconfig)",
-            bootstrap_kubeconfig.display()
-        )
-    })?;
+/// A client of the workload apiserver as `identity`. A bootstrap uses the bootstrap kubeconfig
+/// whole (its token is the identity). A renewal authenticates with the node's certificate and
+/// finds the apiserver in `cluster` (kubelet's own kubeconfig's cluster, from
+/// `KUBERNETES_EXEC_INFO`) when client-go provided it, else in the bootstrap kubeconfig: after
+/// `kubeadm join` that file is gone, and renewals must not need it.
+pub async fn client(
+    bootstrap_kubeconfig: &Path,
+    cluster: Option<&ExecCluster>,
+    identity: Identity<'_>,
+) -> Result<Client> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (mut kubeconfig, source) = match (&identity, cluster) {
+        (Identity::Node { .. }, Some(cluster)) => (node_kubeconfig(cluster)?, "KUBERNETES_EXEC_INFO's cluster".to_owned()),
+        _ => (
+            Kubeconfig::read_from(bootstrap_kubeconfig).with_context(|| {
+                format!(
+                    "cannot read the bootstrap kubeconfig {} (--bootstrap-kubeconfig){}",
+                    bootstrap_kubeconfig.display(),
+                    if cluster.is_none() && matches!(identity, Identity::Node { .. }) {
+                        "; a renewal finds the apiserver there unless kubelet's kubeconfig sets provideClusterInfo: true"
+                    } else {
+                        ""
+                    }
+                )
+            })?,
+            format!("bootstrap kubeconfig {}", bootstrap_kubeconfig.display()),
+        ),
+    };
     if let Identity::Node { cert_pem, key_pem } = identity {
-        use base64::Engine;
-        let b64 = base64::engine::general_purpose::STANDARD;
         let user = AuthInfo {
             client_certificate_data: Some(b64.encode(cert_pem)),
             client_key_data: Some(b64.encode(key_pem).into()),
@@ -79,8 +100,28 @@ pub async fn client(bootstrap_kubeconfig: &Path, identity: Identity<'_>) -> Resu
     }
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .with_context(|| format!("bootstrap kubeconfig {}", bootstrap_kubeconfig.display()))?;
+        .with_context(|| source.clone())?;
     Client::try_from(config).context("cannot build a client for the workload apiserver")
+}
+
+/// A kubeconfig for `cluster` with one (empty) user, filled in by [`client`].
+fn node_kubeconfig(cluster: &ExecCluster) -> Result<Kubeconfig> {
+    use base64::Engine;
+    let mut entry = serde_json::json!({"server": cluster.server});
+    if let Some(pem) = &cluster.certificate_authority {
+        entry["certificate-authority-data"] = base64::engine::general_purpose::STANDARD.encode(pem).into();
+    }
+    if let Some(name) = &cluster.tls_server_name {
+        entry["tls-server-name"] = name.clone().into();
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "workload", "cluster": entry}],
+        "users": [{"name": "node", "user": {}}],
+        "contexts": [{"name": "node", "context": {"cluster": "workload", "user": "node"}}],
+        "current-context": "node",
+    }))
+    .context("KUBERNETES_EXEC_INFO's cluster does not make a kubeconfig")
 }
 
 /// Files the CSR and waits for its certificate. A two-phase attestor's first CSR is answered

@@ -122,19 +122,100 @@ pub fn status(args: &ExecArgs) -> Result<String> {
 /// Arguments of `kubeconfig`.
 #[derive(Debug, clap::Args)]
 pub struct KubeconfigArgs {
-    /// The workload apiserver URL.
+    /// The workload apiserver URL (default: the bootstrap kubeconfig's).
     #[arg(long)]
-    pub server: String,
-    /// Its CA bundle on the node.
+    pub server: Option<String>,
+    /// Its CA bundle on the node (default: the bootstrap kubeconfig's CA).
     #[arg(long)]
-    pub ca_file: PathBuf,
+    pub ca_file: Option<PathBuf>,
     /// Where the plugin is installed on the node.
     #[arg(long, default_value = "/usr/local/bin/kubelet-authenticator")]
     pub command: PathBuf,
+    /// Write the kubeconfig here (0600, atomically) instead of printing it.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// With --output: leave an existing file as it is (kubelet's unit renders its kubeconfig on
+    /// every start; only the first, after `kubeadm join` wrote the bootstrap kubeconfig, writes).
+    #[arg(long, requires = "output")]
+    pub keep_existing: bool,
 }
 
-/// `kubeconfig`: a kubelet kubeconfig whose user runs this plugin with `exec`'s flags.
+/// The apiserver and its CA, as the rendered kubeconfig names them.
+struct Endpoint {
+    server: String,
+    /// `certificate-authority` (a path) or `certificate-authority-data` (base64).
+    ca: (&'static str, String),
+}
+
+/// `--server` and `--ca-file`, or what the bootstrap kubeconfig's current context names: the
+/// file `kubeadm join` writes before it starts kubelet.
+fn endpoint(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<Endpoint> {
+    let from_bootstrap = || -> Result<(String, (&'static str, String))> {
+        let path = &exec.bootstrap_kubeconfig;
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).with_context(|| {
+            format!(
+                "no --server and --ca-file, and the bootstrap kubeconfig {} does not read",
+                path.display()
+            )
+        })?;
+        let context = kubeconfig
+            .current_context
+            .as_deref()
+            .and_then(|name| kubeconfig.contexts.iter().find(|c| c.name == name))
+            .and_then(|c| c.context.as_ref())
+            .with_context(|| format!("{}: no current context", path.display()))?;
+        let cluster = kubeconfig
+            .clusters
+            .iter()
+            .find(|c| c.name == context.cluster)
+            .and_then(|c| c.cluster.as_ref())
+            .with_context(|| format!("{}: no cluster {:?}", path.display(), context.cluster))?;
+        let server = cluster
+            .server
+            .clone()
+            .with_context(|| format!("{}: the cluster names no server", path.display()))?;
+        let ca = match (&cluster.certificate_authority_data, &cluster.certificate_authority) {
+            (Some(data), _) => ("certificate-authority-data", data.clone()),
+            (None, Some(file)) => ("certificate-authority", file.clone()),
+            (None, None) => anyhow::bail!("{}: the cluster names no CA", path.display()),
+        };
+        Ok((server, ca))
+    };
+    let (server, ca) = match (&args.server, &args.ca_file) {
+        (Some(server), Some(ca)) => (server.clone(), ("certificate-authority", ca.display().to_string())),
+        (server, ca_file) => {
+            let (bootstrap_server, bootstrap_ca) = from_bootstrap()?;
+            (
+                server.clone().unwrap_or(bootstrap_server),
+                ca_file
+                    .as_ref()
+                    .map_or(bootstrap_ca, |f| ("certificate-authority", f.display().to_string())),
+            )
+        }
+    };
+    Ok(Endpoint { server, ca })
+}
+
+/// `kubeconfig`: a kubelet kubeconfig whose user runs this plugin with `exec`'s flags, printed
+/// or written to `--output`.
 pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
+    if let Some(path) = args.output.as_deref().filter(|p| args.keep_existing && p.exists()) {
+        eprintln!("kubelet-authenticator: {} exists; kept as it is", path.display());
+        return Ok(String::new());
+    }
+    let text = render_kubeconfig(args, exec)?;
+    match &args.output {
+        Some(path) => {
+            crate::secret_file::write_private(path, text.as_bytes())?;
+            eprintln!("kubelet-authenticator: wrote {}", path.display());
+            Ok(String::new())
+        }
+        None => Ok(text),
+    }
+}
+
+fn render_kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
+    let endpoint = endpoint(args, exec)?;
     let mut plugin_args: Vec<String> = vec![
         "--bootstrap-kubeconfig".into(),
         exec.bootstrap_kubeconfig.display().to_string(),
@@ -182,14 +263,16 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "default-cluster", "cluster": {
-            "server": args.server,
-            "certificate-authority": args.ca_file.display().to_string()}}],
+            "server": endpoint.server,
+            endpoint.ca.0: endpoint.ca.1}}],
+        // provideClusterInfo: renewals find the apiserver in KUBERNETES_EXEC_INFO, so they
+        // keep working once `kubeadm join` has deleted the bootstrap kubeconfig.
         "users": [{"name": "kubelet", "user": {"exec": {
             "apiVersion": "client.authentication.k8s.io/v1",
             "command": args.command.display().to_string(),
             "args": plugin_args,
             "interactiveMode": "Never",
-            "provideClusterInfo": false}}}],
+            "provideClusterInfo": true}}}],
         "contexts": [{"name": "default", "context": {"cluster": "default-cluster", "user": "kubelet"}}],
         "current-context": "default",
     });
@@ -319,9 +402,11 @@ mod tests {
             covered += argv.len();
 
             let args = KubeconfigArgs {
-                server: "https://10.0.0.1:6443".into(),
-                ca_file: "/etc/kubernetes/pki/ca.crt".into(),
+                server: Some("https://10.0.0.1:6443".into()),
+                ca_file: Some("/etc/kubernetes/pki/ca.crt".into()),
                 command: "/usr/local/bin/kubelet-authenticator".into(),
+                output: None,
+                keep_existing: false,
             };
             let text = kubeconfig(&args, &input).unwrap();
             let parsed: serde_json::Value = serde_yaml::from_str(&text).unwrap();
@@ -340,6 +425,66 @@ mod tests {
         assert!(
             covered >= 11,
             "clap's introspection sees the flattened flags ({covered})"
+        );
+    }
+
+    #[test]
+    fn without_server_the_kubeconfig_takes_the_bootstrap_kubeconfigs_cluster_and_asks_for_cluster_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let bootstrap = dir.path().join("bootstrap-kubelet.conf");
+        std::fs::write(
+            &bootstrap,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: UEVN\nusers:\n- name: u\n  user:\n    token: abcdef.0123456789abcdef\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+        )
+        .unwrap();
+        let both = Both::parse_from([
+            "x",
+            "--bootstrap-kubeconfig",
+            bootstrap.to_str().unwrap(),
+            "--attestor",
+            "insecure",
+        ]);
+        let parsed: serde_json::Value =
+            serde_yaml::from_str(&kubeconfig(&both.kubeconfig, &both.exec).unwrap()).unwrap();
+        let cluster = &parsed["clusters"][0]["cluster"];
+        assert_eq!(cluster["server"], "https://10.0.0.1:6443");
+        assert_eq!(cluster["certificate-authority-data"], "UEVN");
+        assert_eq!(parsed["users"][0]["user"]["exec"]["provideClusterInfo"], true);
+        assert!(
+            !serde_yaml::to_string(&parsed).unwrap().contains("abcdef"),
+            "the bootstrap token never reaches kubelet's kubeconfig"
+        );
+
+        // --output writes 0600; --keep-existing leaves what is there.
+        let out = dir.path().join("kubelet.conf");
+        let write = |keep: bool| {
+            let mut argv = vec![
+                "x",
+                "--bootstrap-kubeconfig",
+                bootstrap.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+            ];
+            if keep {
+                argv.push("--keep-existing");
+            }
+            let both = Both::parse_from(argv);
+            kubeconfig(&both.kubeconfig, &both.exec).unwrap()
+        };
+        assert_eq!(write(true), "");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&out).unwrap().permissions().mode() & 0o777, 0o600);
+        std::fs::write(&out, "kept").unwrap();
+        write(true);
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "kept");
+        write(false);
+        assert_ne!(std::fs::read_to_string(&out).unwrap(), "kept");
+
+        std::fs::remove_file(&bootstrap).unwrap();
+        let both = Both::parse_from(["x", "--bootstrap-kubeconfig", bootstrap.to_str().unwrap()]);
+        assert!(
+            kubeconfig(&both.kubeconfig, &both.exec).is_err(),
+            "no --server and no bootstrap kubeconfig"
         );
     }
 }

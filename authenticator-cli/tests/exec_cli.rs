@@ -668,3 +668,41 @@ fn a_foreign_certificate_answered_after_a_failed_renewal_is_asked_for_again_at_o
         "no denial, no backoff"
     );
 }
+
+#[test]
+fn a_renewal_finds_the_apiserver_in_the_exec_info_once_the_bootstrap_kubeconfig_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    std::fs::create_dir(&cert_dir).unwrap();
+    let api = FakeApiserver::start(dir.path(), Verdict::Issue);
+    let server = std::fs::read_to_string(&api.kubeconfig)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: ").map(str::to_owned))
+        .unwrap();
+    store_due_certificate(&cert_dir);
+    // What kubeadm join leaves: no bootstrap kubeconfig.
+    let gone = dir.path().join("bootstrap-kubelet.conf");
+
+    // Without cluster info the renewal has nowhere to go: the old certificate is answered and
+    // stderr says what to set.
+    let blind = plugin(&gone, &cert_dir, &[], None);
+    assert!(blind.status.success(), "{}", stderr(&blind));
+    assert!(stderr(&blind).contains("provideClusterInfo"), "{}", stderr(&blind));
+    assert!(api.filed().is_empty());
+
+    // With kubelet's kubeconfig's cluster in KUBERNETES_EXEC_INFO it renews, as the node.
+    let info = format!(
+        r#"{{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","spec":{{"interactive":false,"cluster":{{"server":"{server}"}}}}}}"#
+    );
+    let renewed = plugin(&gone, &cert_dir, &[], Some(&info));
+    assert!(renewed.status.success(), "{}", stderr(&renewed));
+    let filed = api.filed();
+    assert_eq!(filed.len(), 1, "{}", stderr(&renewed));
+    assert!(!filed[0].bootstrap_token, "a renewal, as the node");
+    let answer: serde_json::Value = serde_json::from_slice(&renewed.stdout).unwrap();
+    assert_ne!(
+        answer["status"]["clientCertificateData"].as_str().unwrap(),
+        std::fs::read_to_string(&gone).unwrap_or_default(),
+    );
+}
