@@ -140,3 +140,80 @@ fn the_validator_catches_a_misspelt_field() {
         json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta1", "kind": "KubeadmConfig", "name": "x"});
     assert!(validate(&schemas, &v1beta2_with_v1beta1_ref).is_err());
 }
+
+/// Every document of a YAML file in the repository.
+fn yaml_documents(path: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(tests::repo_root().join(path)).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect()
+}
+
+/// A KubeadmConfigTemplate's template as the KubeadmConfig its Machines get: what the CRD of
+/// the config validates (the template's own CRD wraps the same schema).
+fn as_kubeadm_config(template: &Value) -> Value {
+    json!({"apiVersion": template["apiVersion"], "kind": "KubeadmConfig",
+           "metadata": {"name": "m-1", "namespace": "team-a"}, "spec": template["spec"]["template"]["spec"]})
+}
+
+#[test]
+fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs() {
+    let schemas = schemas();
+    let template = yaml_documents("images/kubeadm/kubeadm-config-template.yaml").remove(0);
+    assert_eq!(template["kind"], "KubeadmConfigTemplate");
+    let config = as_kubeadm_config(&template);
+    validate(&schemas, &config).unwrap_or_else(|e| panic!("kubeadm-config-template.yaml: {e}"));
+
+    // kubeadm applies `<dir>/kubeletconfiguration*.yaml` to kubelet's config at join.
+    let spec = &config["spec"];
+    let directory = spec["joinConfiguration"]["patches"]["directory"].as_str().unwrap();
+    let patch = spec["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"].as_str().unwrap().starts_with(&format!("{directory}/kubeletconfiguration")))
+        .expect("a kubeletconfiguration patch in the patches directory");
+    let kubelet: Value = serde_yaml::from_str(patch["content"].as_str().unwrap()).unwrap();
+    assert_eq!(kubelet, json!({"serverTLSBootstrap": true, "rotateCertificates": false}));
+    let provider_id_file = spec["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "/etc/kubernetes/provider-id")
+        .expect("the provider-ID file the plugin reads");
+    let flag = spec["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "provider-id")
+        .expect("kubelet --provider-id");
+    assert_eq!(flag["value"], provider_id_file["content"], "the Node and the CSR carry one provider ID");
+    assert!(
+        spec["joinConfiguration"]["nodeRegistration"]
+            .get("ignorePreflightErrors")
+            .is_none(),
+        "an unmodified kubeadm join: no preflight check skipped"
+    );
+
+    // The ClusterClass patch turns a stock worker template into the same configuration.
+    let patch = yaml_documents("images/kubeadm/clusterclass-patch.yaml").remove(0);
+    let mut stock = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfigTemplate",
+        "metadata": {"name": "default-worker"},
+        "spec": {"template": {"spec": {"files": [], "joinConfiguration": {"nodeRegistration": {
+            "kubeletExtraArgs": [{"name": "eviction-hard", "value": "nodefs.available<0%"}]}}}}}});
+    for definition in patch["definitions"].as_array().unwrap() {
+        assert_eq!(definition["selector"]["kind"], "KubeadmConfigTemplate");
+        let ops: json_patch::Patch = serde_json::from_value(definition["jsonPatches"].clone()).unwrap();
+        json_patch::patch(&mut stock, &ops).unwrap();
+    }
+    let patched = as_kubeadm_config(&stock);
+    validate(&schemas, &patched).unwrap_or_else(|e| panic!("clusterclass-patch.yaml applied: {e}"));
+    assert_eq!(patched["spec"]["files"], spec["files"]);
+    assert_eq!(patched["spec"]["joinConfiguration"]["patches"], spec["joinConfiguration"]["patches"]);
+    assert!(
+        patched["spec"]["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
+            .as_array()
+            .unwrap()
+            .contains(flag)
+    );
+}
