@@ -171,10 +171,18 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
         .as_array()
         .unwrap()
         .iter()
-        .find(|f| f["path"].as_str().unwrap().starts_with(&format!("{directory}/kubeletconfiguration")))
+        .find(|f| {
+            f["path"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{directory}/kubeletconfiguration"))
+        })
         .expect("a kubeletconfiguration patch in the patches directory");
     let kubelet: Value = serde_yaml::from_str(patch["content"].as_str().unwrap()).unwrap();
-    assert_eq!(kubelet, json!({"serverTLSBootstrap": true, "rotateCertificates": false}));
+    assert_eq!(
+        kubelet,
+        json!({"serverTLSBootstrap": true, "rotateCertificates": false})
+    );
     let provider_id_file = spec["files"]
         .as_array()
         .unwrap()
@@ -187,7 +195,10 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
         .iter()
         .find(|a| a["name"] == "provider-id")
         .expect("kubelet --provider-id");
-    assert_eq!(flag["value"], provider_id_file["content"], "the Node and the CSR carry one provider ID");
+    assert_eq!(
+        flag["value"], provider_id_file["content"],
+        "the Node and the CSR carry one provider ID"
+    );
     assert!(
         spec["joinConfiguration"]["nodeRegistration"]
             .get("ignorePreflightErrors")
@@ -209,7 +220,10 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
     let patched = as_kubeadm_config(&stock);
     validate(&schemas, &patched).unwrap_or_else(|e| panic!("clusterclass-patch.yaml applied: {e}"));
     assert_eq!(patched["spec"]["files"], spec["files"]);
-    assert_eq!(patched["spec"]["joinConfiguration"]["patches"], spec["joinConfiguration"]["patches"]);
+    assert_eq!(
+        patched["spec"]["joinConfiguration"]["patches"],
+        spec["joinConfiguration"]["patches"]
+    );
     assert!(
         patched["spec"]["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
             .as_array()
