@@ -190,6 +190,13 @@ impl Envtest {
         path
     }
 
+    /// The process ids of etcd and (while it runs) kube-apiserver.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.etcd.id())
+            .chain(self.apiserver.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// The folder holding logs and kubeconfigs (removed on drop).
     pub fn dir(&self) -> &Path {
         self.dir.path()

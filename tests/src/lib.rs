@@ -7,6 +7,7 @@ pub mod ca;
 pub mod capi;
 pub mod csr;
 pub mod envtest;
+pub mod kubelet;
 pub mod live;
 pub mod pkcs10;
 pub mod strict_der;
