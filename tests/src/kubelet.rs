@@ -10,11 +10,12 @@
 //! `/var/lib/kubelet/device-plugins` and `/var/log/containers` (fixed paths), and
 //! the kernel tunables kubelet sets at start ([`SYSCTLS`]). [`Host::claim`] takes a host-wide
 //! lock (one kubelet suite at a time), saves and later restores those tunables, creates the
-//! folders it must and removes them again, and after a run that was killed (nextest's timeout,
-//! SIGKILL) ends that run's processes by their recorded ids, unmounts and removes its folders and
-//! restores the tunables it had saved. Every process here is stopped on drop; with
-//! `KUBELET_LOG_DIR` set, the logs of kubelet, containerd and kube-controller-manager are copied
-//! there first.
+//! folders it must and removes them again (and the empty mount points a suite running a node
+//! in its own mount namespace needs, [`Host::mount_point`]), and after a run that was killed
+//! (nextest's timeout, SIGKILL) ends that run's processes by their recorded ids, unmounts and
+//! removes its folders and restores the tunables it had saved. Every process here is stopped on
+//! drop; with `KUBELET_LOG_DIR` set, the logs of kubelet, containerd and kube-controller-manager
+//! are copied there first.
 //!
 //! A sandbox without systemd and with cgroup v1 needs in the KubeletConfiguration (see
 //! [`sandbox_config`]): `cgroupDriver: cgroupfs`, `cgroupsPerQOS: false`,
@@ -190,12 +191,22 @@ pub fn unmount_under(path: &Path) {
     }
 }
 
+/// What [`Host::mount_point`] makes: a folder or an empty file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountPoint {
+    /// An empty folder.
+    Folder,
+    /// An empty file.
+    File,
+}
+
 /// The host as a kubelet leaves it: held by one suite at a time, put back on drop.
 pub struct Host {
     lock: File,
     recorder: Recorder,
     sysctls: Vec<(String, String)>,
     created: Vec<PathBuf>,
+    mount_points: Vec<(PathBuf, PathBuf)>,
     /// The kind of link [`INTERFACE`] is: `dummy`, or `bridge` where the kernel has no dummy
     /// driver.
     pub interface_kind: &'static str,
@@ -220,6 +231,7 @@ impl Host {
             recorder,
             sysctls: Vec::new(),
             created: Vec::new(),
+            mount_points: Vec::new(),
             interface_kind: "",
         };
         host.clean_up_after_a_killed_run();
@@ -279,6 +291,36 @@ impl Host {
         self.recorder.clone()
     }
 
+    /// Makes sure `path` exists on the host, as the target of a bind mount made in a private
+    /// mount namespace (`unshare --mount`), where a suite puts its own folders in place of a
+    /// node's fixed paths (`/etc/kubernetes`, say) without touching the host's. A missing path
+    /// is created (with its missing parent folders) empty, recorded, and removed again on drop,
+    /// or by the next run after a killed one, when it is still empty and nothing is mounted on
+    /// it here; an existing path is left as it is.
+    pub fn mount_point(&mut self, path: &Path, kind: MountPoint) {
+        if std::fs::symlink_metadata(path).is_ok() {
+            return;
+        }
+        let mut top = path.to_owned();
+        for ancestor in path.ancestors().skip(1) {
+            if ancestor.exists() {
+                break;
+            }
+            ancestor.clone_into(&mut top);
+        }
+        // Recorded first: a run killed right after creating it still has it removed.
+        self.recorder
+            .append("mount-points", &format!("{}\t{}", path.display(), top.display()));
+        self.mount_points.push((path.to_owned(), top));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("a mount point's folder");
+        }
+        match kind {
+            MountPoint::Folder => std::fs::create_dir(path).expect("a mount point folder"),
+            MountPoint::File => drop(File::create(path).expect("a mount point file")),
+        }
+    }
+
     fn clean_up_after_a_killed_run(&mut self) {
         let state = &self.recorder.state;
         let read = |file: &str| std::fs::read_to_string(state.join(file)).unwrap_or_default();
@@ -307,12 +349,57 @@ impl Host {
                 let _ = std::fs::write(Path::new("/proc/sys").join(key), value);
             }
         }
+        for line in read("mount-points").lines() {
+            if let Some((path, top)) = line.split_once('\t') {
+                remove_mount_point(Path::new(path), Path::new(top));
+            }
+        }
         for folder in read("created").lines().filter(|l| !l.is_empty()) {
             remove_created(Path::new(folder));
         }
-        for file in ["processes", "folders", "interface", "sysctls", "created"] {
+        for file in STATE_FILES {
             let _ = std::fs::remove_file(state.join(file));
         }
+    }
+}
+
+/// The files of a run's record in the state folder.
+const STATE_FILES: [&str; 6] = [
+    "processes",
+    "folders",
+    "interface",
+    "sysctls",
+    "created",
+    "mount-points",
+];
+
+/// Whether something is mounted on `path` in this mount namespace.
+fn mounted_here(path: &Path) -> bool {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .any(|p| Path::new(&p.replace("\\040", " ")) == path)
+}
+
+/// Removes a mount point [`Host::mount_point`] created, if it is still empty and nothing is
+/// mounted on it here, then its parent folders up to `top` (the topmost one it created) that
+/// are empty.
+fn remove_mount_point(path: &Path, top: &Path) {
+    if mounted_here(path) {
+        return;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir(path);
+        }
+        Ok(m) if m.is_file() && m.len() == 0 => {
+            let _ = std::fs::remove_file(path);
+        }
+        _ => return,
+    }
+    for ancestor in path.ancestors().skip(1).take_while(|a| a.starts_with(top)) {
+        let _ = std::fs::remove_dir(ancestor);
     }
 }
 
@@ -341,10 +428,13 @@ impl Drop for Host {
         for (key, value) in &self.sysctls {
             let _ = std::fs::write(Path::new("/proc/sys").join(key), value);
         }
+        for (path, top) in &self.mount_points {
+            remove_mount_point(path, top);
+        }
         for top in &self.created {
             remove_created(top);
         }
-        for file in ["processes", "folders", "interface", "sysctls", "created"] {
+        for file in STATE_FILES {
             let _ = std::fs::remove_file(self.recorder.state.join(file));
         }
         let _ = self.lock.unlock();
@@ -541,11 +631,19 @@ pub struct ControllerManager {
 impl ControllerManager {
     /// Starts it with `env`'s admin kubeconfig (no leader election, no serving port).
     pub fn start(assets: &Path, env: &Envtest, host: &Host) -> Self {
+        Self::start_with_controllers(assets, env, host, &["csrsigning", "csrapproving"])
+    }
+
+    /// [`ControllerManager::start`] running `controllers` (kube-controller-manager's
+    /// `--controllers`), e.g. also `bootstrapsigner`, which signs `cluster-info` for
+    /// `kubeadm join`'s token discovery.
+    pub fn start_with_controllers(assets: &Path, env: &Envtest, host: &Host, controllers: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
+        host.recorder().folder(dir.path());
         let log = dir.path().join("kube-controller-manager.log");
         let child = Command::new(assets.join("kube-controller-manager"))
             .arg(format!("--kubeconfig={}", env.admin_kubeconfig.display()))
-            .arg("--controllers=csrsigning,csrapproving")
+            .arg(format!("--controllers={}", controllers.join(",")))
             .arg(format!(
                 "--cluster-signing-cert-file={}",
                 env.client_ca.cert_path.display()
@@ -711,6 +809,14 @@ impl Kubelet {
     pub fn start_with(&mut self, args: Vec<String>) {
         self.args = args;
         self.spawn();
+    }
+
+    /// Starts `program` with `args` in its place: a launcher that ends by executing kubelet in
+    /// the same process (`nsenter ... -- env -i ... kubelet ...`, say), so that the process
+    /// stopped is kubelet; its log and restarts as with [`Kubelet::start`].
+    pub fn start_command(&mut self, program: &Path, args: Vec<String>) {
+        program.clone_into(&mut self.binary);
+        self.start_with(args);
     }
 
     fn spawn(&mut self) {

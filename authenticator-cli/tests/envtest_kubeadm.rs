@@ -1,0 +1,1181 @@
+//! An unmodified `kubeadm join` (v1.32, from `KUBEBUILDER_ASSETS`) finishes with the plugin's
+//! identity on exactly the shipped node configuration: the `kubelet_authenticator` role's
+//! drop-in (`images/image-builder/ansible/roles/kubelet_authenticator`) and the
+//! `KubeadmConfigTemplate` (`images/kubeadm/kubeadm-config-template.yaml`), against a real
+//! kube-apiserver, the real signer and a real kube-controller-manager, with a real kubelet on
+//! its own containerd ([`tests::kubelet`]; skipped by `scripts/test` where a part is missing).
+//!
+//! The cluster, as `kubeadm init` leaves it: the real kubeadm phases run against the suite's
+//! apiserver with its admin kubeconfig: `init phase upload-config kubeadm` (`kubeadm-config`),
+//! `upload-config kubelet` (`kubelet-config`: every joining node gets the cluster's kubelet
+//! config, so it carries the sandbox settings of [`tests::kubelet::sandbox_config`], with
+//! `enforceNodeAllocatable: [none]` for its `[]`, which kubeadm drops; the phase annotates the
+//! control-plane Node, so `cp-0` is registered first, with the hostname label kubeadm waits for,
+//! as kubeadm init's kubelet would have), `bootstrap-token` (the join token of `init.yaml`'s `bootstrapTokens`, its RBAC,
+//! `cluster-info` in kube-public readable by `system:anonymous`, which the apiserver allows, and
+//! kubeadm's two auto-approve bindings, which the signer removes). kube-controller-manager also
+//! runs `bootstrapsigner`, which signs `cluster-info` for the token (join's discovery needs the
+//! JWS); the join pins the CA by its hash.
+//!
+//! The node: `kubeadm join`, the kubelet it starts and the plugin kubelet runs live in a private
+//! mount and UTS namespace (`unshare --mount --uts --propagation private`, hostname `worker-0`:
+//! the shipped configuration sets no node name, so kubeadm's and the plugin's both are the
+//! hostname) in which temporary folders are bind-mounted onto `/etc/kubernetes` and
+//! `/var/lib/kubelet` (where kubeadm writes on a worker: `pki/ca.crt`, `bootstrap-kubelet.conf`,
+//! `config.yaml`, `kubeadm-flags.env`; kubelet's root and cert dir), the plugin binary onto the role's install path
+//! (`/usr/local/bin/kubelet-authenticator`: the drop-in is rendered with the role's defaults,
+//! only the attestor set to `insecure`), and a stub onto `systemctl` (it records the calls:
+//! kubeadm never reaches the host's systemd). Empty mount points missing on the host are created
+//! and removed again ([`Host::mount_point`]). The image, as the role leaves it: those folders,
+//! `/etc/kubernetes/pki`, the cert dir (0700), the plugin and the drop-in. The bootstrap
+//! provider's part: the template's `files` (provider ID, the `kubeletconfiguration` patch),
+//! written with their permissions and cloud-init's `ds.meta_data` filled in, and a v1beta4
+//! `JoinConfiguration` built from its `joinConfiguration` (`patches.directory`,
+//! `kubeletExtraArgs` `provider-id`), plus the discovery (token, endpoint, CA hash),
+//! `nodeRegistration.name`, `criSocket` (the suite's containerd) and the sandbox's own
+//! `kubeletExtraArgs` `node-ip` (the node address, [`tests::kubelet::NODE_IP`]).
+//!
+//! The suite is systemd: when kubeadm says "Starting the kubelet" (right before `systemctl
+//! restart kubelet`) with `bootstrap-kubelet.conf` and `config.yaml` written, it runs the
+//! drop-in's `ExecStartPre` and then `ExecStart` as systemd would from kubeadm's
+//! `10-kubeadm.conf` and the role's `20-kubelet-authenticator.conf` (later `Environment=`
+//! wins, `EnvironmentFile=` overrides, `$VAR` split into words), in the namespace, with
+//! systemd's environment (`PATH` and the unit's variables only).
+//!
+//! Preflight checks skipped (`--ignore-preflight-errors`), environment checks only:
+//! - `FileExisting-iptables`: no iptables on a sandbox host; kubelet here makes no iptables
+//!   chains (`makeIPTablesUtilChains: false`) and no kube-proxy runs.
+//! - `FileContent--proc-sys-net-ipv4-ip_forward`: pod networking; no pod runs, and the suite
+//!   does not change the host's routing.
+//! - `FileContent--proc-sys-net-bridge-bridge-nf-call-iptables`: the same, where br_netfilter
+//!   is not loaded.
+//! - `Swap`: whatever the host's swap (`failSwapOn: false`).
+//! - `SystemVerification`: the host's kernel and cgroups (cgroup v1 here), not the node's
+//!   configuration.
+//! - `Port-10250`: kubelet listens on a free port of its own; another kubelet may hold 10250.
+//!
+//! Never `FileAvailable--etc-kubernetes-kubelet.conf` nor
+//! `FileAvailable--etc-kubernetes-bootstrap-kubelet.conf`: the shipped configuration needs
+//! neither (kubelet.conf is rendered only once kubeadm has written the bootstrap file), and the
+//! suite asserts so.
+//!
+//! Then: `kubeadm join` exits 0 ("This node has joined the cluster"); the Node has the Machine's
+//! provider ID; kubelet's identity is `system:node:worker-0`, from one CSR filed with the join
+//! token under the insecure signer and approved `AttestedInsecureV1`; kubeadm deleted
+//! `bootstrap-kubelet.conf`, and `kubelet.conf` is the plugin's (exec, `provideClusterInfo`,
+//! no token); kubeadm's auto-approve bindings are gone; kubeadm's CRI-socket annotation is on
+//! the Node, written through `kubelet.conf` (the join token may not patch Nodes); the serving
+//! CSR is approved by the signer and signed by kube-controller-manager, and kubelet serves it;
+//! with 3-minute certificates the plugin renews as the node with the bootstrap file gone (it
+//! finds the apiserver in `KUBERNETES_EXEC_INFO`) and the Node stays Ready past the first
+//! certificate's expiry; no `kubernetes.io/kube-apiserver-client-kubelet` CSR ever appears.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Api;
+use serde_json::{Value, json};
+use tests::capi;
+use tests::envtest::Envtest;
+use tests::kubelet::{
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, MountPoint, NODE_IP, Recorder, program_path,
+};
+use tests::live::{self, Signer, Workload, apply};
+use tests::strict_der::assert_strict_der_pem;
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
+const NODE: &str = "worker-0";
+const USER: &str = "system:node:worker-0";
+/// The instance metadata cloud-init fills into the template (`ds.meta_data`).
+const AVAILABILITY_ZONE: &str = "us-east-1a";
+const INSTANCE_ID: &str = "i-0kubeadm";
+/// The template's provider ID with [`AVAILABILITY_ZONE`] and [`INSTANCE_ID`].
+const PROVIDER_ID: &str = "aws:///us-east-1a/i-0kubeadm";
+/// The join token (`init.yaml`'s `bootstrapTokens`, the Machine's KubeadmConfig's).
+const JOIN_TOKEN_ID: &str = "kadmjn";
+const JOIN_TOKEN: &str = "kadmjn.0123456789abcdef";
+/// The control-plane Node `kubeadm init` registered.
+const CONTROL_PLANE: &str = "cp-0";
+const CLIENT_SIGNER: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
+const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+const CRI_SOCKET_ANNOTATION: &str = "kubeadm.alpha.kubernetes.io/cri-socket";
+const AUTO_APPROVE_BINDINGS: [&str; 2] = [
+    "kubeadm:node-autoapprove-bootstrap",
+    "kubeadm:node-autoapprove-certificate-rotation",
+];
+/// The signer's `--client-cert-duration` for the first certificate (see envtest_kubelet).
+const SHORT: &str = "3m";
+/// The signer's `--client-cert-duration` once the first certificate is issued.
+const LONG: &str = "1h";
+const ROLE: &str = "images/image-builder/ansible/roles/kubelet_authenticator";
+const TEMPLATE: &str = "images/kubeadm/kubeadm-config-template.yaml";
+/// The preflight checks skipped, and why (see the module documentation).
+const IGNORED_PREFLIGHT_ERRORS: [(&str, &str); 6] = [
+    (
+        "FileExisting-iptables",
+        "no iptables on a sandbox host; no iptables chains here",
+    ),
+    (
+        "FileContent--proc-sys-net-ipv4-ip_forward",
+        "pod networking; no pod runs",
+    ),
+    (
+        "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
+        "pod networking; no pod runs",
+    ),
+    ("Swap", "the host's swap (failSwapOn: false)"),
+    ("SystemVerification", "the host's kernel and cgroups"),
+    ("Port-10250", "kubelet listens on a free port of its own"),
+];
+/// The checks the shipped configuration must pass as they are.
+const NEVER_IGNORED: [&str; 2] = [
+    "FileAvailable--etc-kubernetes-kubelet.conf",
+    "FileAvailable--etc-kubernetes-bootstrap-kubelet.conf",
+];
+/// kubeadm's kubelet drop-in as the Kubernetes packages install it
+/// (`/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf`, kubernetes/release).
+const KUBEADM_DROPIN: &str = r#"# Note: This dropin only works with kubeadm and kubelet v1.11+
+[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
+# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
+"#;
+/// systemd's `PATH` for services.
+const SYSTEMD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The node's fixed folders, bind-mounted in its namespace.
+const ETC_KUBERNETES: &str = "/etc/kubernetes";
+const VAR_LIB_KUBELET: &str = "/var/lib/kubelet";
+
+fn signer_bin() -> PathBuf {
+    live::sibling_binary(PLUGIN, "node-attestation-signer")
+}
+
+/// The envtest folder, when this host can run kubelet and kubeadm here; otherwise panics
+/// saying what is missing (`scripts/test` skips the suite then).
+fn require() -> PathBuf {
+    let mut missing = tests::kubelet::missing_parts();
+    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS") {
+        let kubeadm = Path::new(&dir).join("kubeadm");
+        if std::fs::metadata(&kubeadm)
+            .map(|m| m.permissions().mode() & 0o111 == 0)
+            .unwrap_or(true)
+        {
+            missing.push(format!("kubeadm in KUBEBUILDER_ASSETS={}", Path::new(&dir).display()));
+        }
+    }
+    for program in ["unshare", "nsenter", "sh", "env", "sleep"] {
+        if program_path(program).is_none() {
+            missing.push(format!("{program} (Debian: util-linux, coreutils)"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "envtest_kubeadm runs kubeadm join and a real kubelet and needs: {}; run scripts/test, which skips this test without them",
+        missing.join(", ")
+    );
+    tests::envtest::assets("envtest_kubeadm")
+}
+
+/// Unix time in seconds.
+fn now() -> i64 {
+    now_micros() / 1_000_000
+}
+
+/// Unix time in microseconds.
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        .try_into()
+        .unwrap()
+}
+
+fn der(pem_text: &str) -> Vec<u8> {
+    pem::parse_many(pem_text.as_bytes())
+        .unwrap()
+        .into_iter()
+        .find(|b| b.tag() == "CERTIFICATE")
+        .expect("a certificate")
+        .contents()
+        .to_vec()
+}
+
+/// NotBefore, NotAfter (Unix seconds) and subject of the first certificate of a PEM text.
+fn validity(pem_text: &str) -> (i64, i64, String) {
+    let der = der(pem_text);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    (
+        cert.validity().not_before.timestamp(),
+        cert.validity().not_after.timestamp(),
+        cert.subject().to_string(),
+    )
+}
+
+/// kubeadm's CA pin: `sha256:<hex of the SHA-256 of the CA's SubjectPublicKeyInfo>`.
+fn ca_cert_hash(ca_pem: &[u8]) -> String {
+    let der = der(std::str::from_utf8(ca_pem).unwrap());
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, cert.tbs_certificate.subject_pki.raw);
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+async fn node(admin: &kube::Client) -> Option<Node> {
+    Api::<Node>::all(admin.clone()).get_opt(NODE).await.ok().flatten()
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn lease_renewed(admin: &kube::Client) -> Option<i64> {
+    let lease = Api::<Lease>::namespaced(admin.clone(), "kube-node-lease")
+        .get_opt(NODE)
+        .await
+        .ok()
+        .flatten()?;
+    lease.spec?.renew_time.map(|t| t.0.as_microsecond())
+}
+
+/// Waits until the node's Lease is renewed after `after` (Unix microseconds) and the Node is
+/// Ready.
+async fn wait_renewed_and_ready(admin: &kube::Client, after: i64, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let renewed = lease_renewed(admin).await.is_some_and(|t| t > after);
+        if renewed && node(admin).await.is_some_and(|n| ready(&n)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+/// A Jinja template with only `{{ name }}` expressions (what the role's drop-in and the
+/// template's cloud-init values use), each looked up; anything else (statements, comments,
+/// filters, an unknown name) fails the suite rather than being rendered wrong.
+fn render(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    assert!(
+        !template.contains("{%") && !template.contains("{#"),
+        "a Jinja statement or comment this suite does not render:\n{template}"
+    );
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find("}}").expect("an unterminated {{") + start;
+        let name = rest[start + 2..end].trim();
+        out.push_str(&lookup(name).unwrap_or_else(|| panic!("no value for {{{{ {name} }}}}")));
+        rest = &rest[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The role's variables: its defaults (`defaults/main.yml`) with `overrides`.
+fn role_variables(overrides: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(tests::repo_root().join(ROLE).join("defaults/main.yml")).unwrap();
+    let defaults: BTreeMap<String, serde_yaml::Value> = serde_yaml::from_str(&text).unwrap();
+    let mut variables: BTreeMap<String, String> = defaults
+        .into_iter()
+        .filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned())))
+        .collect();
+    for (key, value) in overrides {
+        assert!(variables.contains_key(*key), "the role has no variable {key}");
+        variables.insert((*key).to_owned(), (*value).to_owned());
+    }
+    variables
+}
+
+/// The `[Service]` settings of a unit's drop-ins, in the order systemd reads them.
+#[derive(Debug, Default)]
+struct Unit {
+    environment: Vec<(String, String)>,
+    /// Paths, and whether a missing file is fine (`-`).
+    environment_files: Vec<(String, bool)>,
+    exec_start_pre: Vec<String>,
+    exec_start: Option<String>,
+}
+
+impl Unit {
+    fn read(dropins: &[&str]) -> Self {
+        let mut unit = Self::default();
+        for text in dropins {
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
+                    continue;
+                }
+                let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("a unit line: {line}"));
+                match key {
+                    "Environment" => {
+                        let value = value
+                            .strip_prefix('"')
+                            .and_then(|v| v.strip_suffix('"'))
+                            .unwrap_or(value);
+                        let (name, setting) = value.split_once('=').expect("Environment=NAME=VALUE");
+                        unit.environment.push((name.to_owned(), setting.to_owned()));
+                    }
+                    "EnvironmentFile" => {
+                        let optional = value.starts_with('-');
+                        unit.environment_files
+                            .push((value.trim_start_matches('-').to_owned(), optional));
+                    }
+                    "ExecStartPre" => unit.exec_start_pre.push(value.to_owned()),
+                    "ExecStart" if value.is_empty() => unit.exec_start = None,
+                    "ExecStart" => unit.exec_start = Some(value.to_owned()),
+                    other => panic!("a unit setting this suite does not run: {other}"),
+                }
+            }
+        }
+        unit
+    }
+
+    /// The service's environment: `Environment=` in order (later wins), then the files'
+    /// settings, which override (read through `read`, a node path to its text).
+    fn environment(&self, read: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut set = |name: &str, value: &str| {
+            env.retain(|(n, _)| n != name);
+            env.push((name.to_owned(), value.to_owned()));
+        };
+        for (name, value) in &self.environment {
+            set(name, value);
+        }
+        for (path, optional) in &self.environment_files {
+            let Some(text) = read(path) else {
+                assert!(optional, "EnvironmentFile={path} is missing");
+                continue;
+            };
+            for line in text.lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (name, value) = line.split_once('=').unwrap_or_else(|| panic!("{path}: {line}"));
+                let value = value
+                    .strip_prefix('"')
+                    .and_then(|v| v.strip_suffix('"'))
+                    .unwrap_or(value);
+                set(name.trim(), value);
+            }
+        }
+        env
+    }
+}
+
+/// A command line as systemd splits it: words, `$NAME` replaced by the variable's words.
+fn expand(command: &str, env: &[(String, String)]) -> Vec<String> {
+    let lookup = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    command
+        .split_whitespace()
+        .flat_map(|word| match word.strip_prefix('$') {
+            Some(name) => lookup(name)
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(ToOwned::to_owned)
+                .collect(),
+            None => vec![word.to_owned()],
+        })
+        .collect()
+}
+
+/// The node: a private mount and UTS namespace held by a `sleep` (see the module
+/// documentation), its folders for `/etc/kubernetes` and `/var/lib/kubelet`, and the stub
+/// `systemctl`'s record. On drop every process in it is killed, then the holder.
+struct NodeNamespace {
+    holder: Child,
+    dir: tempfile::TempDir,
+    nsenter: PathBuf,
+}
+
+impl NodeNamespace {
+    /// Binds `etc`, `var`, the plugin onto `install_path` and the stub onto every `systemctl`
+    /// on systemd's `PATH`; sets the hostname to [`NODE`].
+    fn start(host: &mut Host, recorder: &Recorder, install_path: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        recorder.folder(dir.path());
+        let d = dir.path();
+        for sub in ["etc-kubernetes", "var-lib-kubelet"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+        let stub = d.join("systemctl");
+        std::fs::write(
+            &stub,
+            format!(
+                "#!/bin/sh\n# systemd is absent here: the suite starts kubelet; this records kubeadm's calls.\necho \"$*\" >> {}\n",
+                d.join("systemctl.log").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut systemctls: Vec<PathBuf> = std::env::split_paths(SYSTEMD_PATH)
+            .map(|p| p.join("systemctl"))
+            .filter(|p| p.is_file())
+            .filter_map(|p| p.canonicalize().ok())
+            .collect();
+        systemctls.sort();
+        systemctls.dedup();
+
+        host.mount_point(Path::new(ETC_KUBERNETES), MountPoint::Folder);
+        host.mount_point(Path::new(VAR_LIB_KUBELET), MountPoint::Folder);
+        host.mount_point(Path::new(install_path), MountPoint::File);
+        let mut script = String::from("set -eu\n");
+        let mut bind = |from: &Path, onto: &Path| {
+            script.push_str(&format!("mount --bind '{}' '{}'\n", from.display(), onto.display()));
+        };
+        bind(&d.join("etc-kubernetes"), Path::new(ETC_KUBERNETES));
+        bind(&d.join("var-lib-kubelet"), Path::new(VAR_LIB_KUBELET));
+        bind(Path::new(PLUGIN), Path::new(install_path));
+        for systemctl in &systemctls {
+            bind(&stub, systemctl);
+        }
+        script.push_str(&format!("hostname {NODE}\necho ready\nexec sleep infinity\n"));
+        std::fs::write(d.join("namespace.sh"), &script).unwrap();
+        let log = d.join("namespace.log");
+        let holder = Command::new(program_path("unshare").unwrap())
+            .args(["--mount", "--uts", "--propagation", "private", "--", "sh"])
+            .arg(d.join("namespace.sh"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::from(std::fs::File::create(d.join("namespace.err")).unwrap()))
+            .spawn()
+            .expect("unshare");
+        recorder.process(&holder);
+        let mut namespace = Self {
+            holder,
+            dir,
+            nsenter: program_path("nsenter").unwrap(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&log).unwrap_or_default().trim() != "ready" {
+            let exited = matches!(namespace.holder.try_wait(), Ok(Some(_)));
+            assert!(
+                !exited && Instant::now() < deadline,
+                "the node's namespace did not come up:\n{script}\n{}",
+                std::fs::read_to_string(namespace.dir.path().join("namespace.err")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        namespace
+    }
+
+    /// The host path behind a node path under `/etc/kubernetes` or `/var/lib/kubelet`; panics
+    /// for any other (it would be the host's own).
+    fn path(&self, node_path: &str) -> PathBuf {
+        for (mount, sub) in [(ETC_KUBERNETES, "etc-kubernetes"), (VAR_LIB_KUBELET, "var-lib-kubelet")] {
+            if let Ok(rest) = Path::new(node_path).strip_prefix(mount) {
+                return self.dir.path().join(sub).join(rest);
+            }
+        }
+        panic!("{node_path} is not under {ETC_KUBERNETES} or {VAR_LIB_KUBELET}, the node's own folders here");
+    }
+
+    /// A node file's text as a process in the namespace reads it (through the holder's root).
+    fn read(&self, node_path: &str) -> Option<String> {
+        let inside = format!("/proc/{}/root{node_path}", self.holder.id());
+        std::fs::read_to_string(inside).ok()
+    }
+
+    /// `nsenter`'s arguments that run `env -i <env> <program> <args>` in the namespace, in
+    /// the same process (nsenter and env execute, they do not fork).
+    fn args(&self, env: &[(String, String)], program: &Path, args: &[String]) -> Vec<String> {
+        let pid = self.holder.id();
+        let mut all = vec![
+            format!("--mount=/proc/{pid}/ns/mnt"),
+            format!("--uts=/proc/{pid}/ns/uts"),
+            "--".to_owned(),
+            program_path("env").unwrap().display().to_string(),
+            "-i".to_owned(),
+        ];
+        all.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        all.push(program.display().to_string());
+        all.extend(args.iter().cloned());
+        all
+    }
+
+    fn command(&self, env: &[(String, String)], program: &Path, args: &[String]) -> Command {
+        let mut command = Command::new(&self.nsenter);
+        command.args(self.args(env, program, args)).stdin(Stdio::null());
+        command
+    }
+
+    /// What kubeadm asked systemd.
+    fn systemctl_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("systemctl.log"))
+            .unwrap_or_default()
+            .lines()
+            .map(ToOwned::to_owned)
+            .collect()
+    }
+
+    /// The processes in the namespace (the holder's mount namespace) but the holder.
+    fn members(&self) -> Vec<u32> {
+        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/mnt", self.holder.id())) else {
+            return Vec::new();
+        };
+        std::fs::read_dir("/proc")
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| *pid != self.holder.id())
+                    .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|n| n == ns))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for NodeNamespace {
+    fn drop(&mut self) {
+        for _ in 0..20 {
+            let members = self.members();
+            if members.is_empty() {
+                break;
+            }
+            for pid in members {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+    }
+}
+
+/// Waits for a child to exit, at most `timeout`.
+async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubelet and kubeadm: root, kubelet, kube-controller-manager and kubeadm beside kube-apiserver in KUBEBUILDER_ASSETS, containerd, runc, unshare and nsenter"]
+async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
+    let assets = require();
+    let began = Instant::now();
+    let mut host = Host::claim();
+    for name in NEVER_IGNORED {
+        assert!(
+            IGNORED_PREFLIGHT_ERRORS.iter().all(|(ignored, _)| *ignored != name),
+            "{name} is never skipped"
+        );
+    }
+
+    // The workload cluster (also its own management cluster): an opted-in Cluster allowing
+    // insecure, worker-0's Machine with the provider ID the template gives it, its addresses
+    // (the serving CSR's SANs) and its KubeadmConfig naming the join token.
+    let env = Envtest::start("envtest_kubeadm");
+    let recorder = host.recorder();
+    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
+    recorder.folder(env.dir());
+    recorder.folder(env.client_ca.cert_path.parent().unwrap());
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
+    apply(
+        &admin,
+        &w.own(capi::kubeadm_config(&format!("{NODE}-kc"), JOIN_TOKEN_ID, "v1beta2")),
+    )
+    .await;
+    let mut machine = w.own(capi::machine(NODE, Some(PROVIDER_ID)));
+    machine["status"]["addresses"] = json!([
+        {"type": "InternalIP", "address": NODE_IP.to_string()},
+        {"type": "Hostname", "address": NODE}
+    ]);
+    apply(&admin, &machine).await;
+    let csrs = CsrRecorder::start(w.admin.clone()).await;
+    let mut kcm = ControllerManager::start_with_controllers(
+        &assets,
+        &w.env,
+        &host,
+        &["csrsigning", "csrapproving", "bootstrapsigner"],
+    );
+    let containerd = Containerd::start(&host);
+    // Its ports and folders (pod logs, volume plugins, log) go into the cluster's kubelet config.
+    let mut kubelet = Kubelet::new(&assets, &host, &containerd, NODE, PROVIDER_ID);
+
+    // The node's namespace, with the image as the role leaves it.
+    let role = role_variables(&[("kubelet_authenticator_attestor", "insecure")]);
+    let install_path = role["kubelet_authenticator_install_path"].clone();
+    let ns = NodeNamespace::start(&mut host, &recorder, &install_path);
+    for dir in [ETC_KUBERNETES.to_owned(), format!("{ETC_KUBERNETES}/pki")] {
+        std::fs::create_dir_all(ns.path(&dir)).unwrap();
+    }
+    let cert_dir = ns.path(&role["kubelet_authenticator_cert_dir"]);
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let role_dropin_template = std::fs::read_to_string(
+        tests::repo_root()
+            .join(ROLE)
+            .join("templates/20-kubelet-authenticator.conf.j2"),
+    )
+    .unwrap();
+    let role_dropin = render(&role_dropin_template, |name| role.get(name).cloned());
+    let unit = Unit::read(&[KUBEADM_DROPIN, &role_dropin]);
+    assert_eq!(unit.exec_start_pre.len(), 1, "{unit:?}");
+
+    // What `kubeadm init` leaves behind, by kubeadm's own phases.
+    let kubeadm = assets.join("kubeadm");
+    let kubeadm_env = vec![
+        ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
+        ("HOME".to_owned(), "/root".to_owned()),
+    ];
+    let version = w.admin.apiserver_version().await.unwrap().git_version;
+    let endpoint = w.env.server.trim_start_matches("https://").to_owned();
+    let (_, port) = endpoint.rsplit_once(':').unwrap();
+    let init = format!(
+        r"apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+bootstrapTokens:
+- token: {JOIN_TOKEN}
+  description: worker-0's join token
+  ttl: 1h
+localAPIEndpoint:
+  # The control plane's own address (unused by a join, which finds the apiserver in
+  # cluster-info); kubeadm refuses loopback here.
+  advertiseAddress: 192.0.2.10
+  bindPort: {port}
+nodeRegistration:
+  name: {CONTROL_PLANE}
+  criSocket: {cri}
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: {version}
+clusterName: {cluster}
+controlPlaneEndpoint: {endpoint}
+networking:
+  serviceSubnet: 10.0.0.0/24
+---
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+{sandbox}",
+        cri = containerd.endpoint(),
+        cluster = capi::CLUSTER,
+        sandbox = tests::kubelet::sandbox_config(
+            &containerd.endpoint(),
+            kubelet.port,
+            kubelet.healthz_port,
+            kubelet.dir()
+        ),
+    );
+    // kubeadm leaves an empty list out of the kubelet config it uploads and writes, and kubelet
+    // then defaults to enforcing `pods`, which `cgroupsPerQOS: false` refuses: `none` says the
+    // same.
+    let empty = "\nenforceNodeAllocatable: []\n";
+    assert!(init.contains(empty), "{init}");
+    let init = init.replace(empty, "\nenforceNodeAllocatable: [none]\n");
+    let init_path = ns.dir.path().join("init.yaml");
+    std::fs::write(&init_path, &init).unwrap();
+    apply(
+        &w.admin,
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": CONTROL_PLANE, "labels": {
+            "kubernetes.io/hostname": CONTROL_PLANE, "node-role.kubernetes.io/control-plane": ""}}}),
+    )
+    .await;
+    let mut init_output = String::new();
+    for phase in [
+        ["upload-config", "kubeadm"].as_slice(),
+        &["upload-config", "kubelet"],
+        &["bootstrap-token"],
+    ] {
+        let mut args: Vec<String> = ["init", "phase"].iter().map(ToString::to_string).collect();
+        args.extend(phase.iter().map(ToString::to_string));
+        args.extend([
+            "--config".to_owned(),
+            init_path.display().to_string(),
+            "--kubeconfig".to_owned(),
+            w.env.admin_kubeconfig.display().to_string(),
+        ]);
+        let out = ns.command(&kubeadm_env, &kubeadm, &args).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubeadm {}: {text}", args.join(" "));
+        init_output.push_str(&text);
+    }
+    // kube-controller-manager's bootstrapsigner signs cluster-info for the join token.
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(w.admin.clone(), "kube-public");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info = configmaps.get_opt("cluster-info").await.unwrap();
+        let data = info.and_then(|c| c.data).unwrap_or_default();
+        if data.contains_key(&format!("jws-kubeconfig-{JOIN_TOKEN_ID}")) {
+            assert!(data["kubeconfig"].contains(&w.env.server), "{data:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The signer removes kubeadm's auto-approve bindings: from now on only it approves.
+    let signer_flags = |duration: &'static str| ["--client-cert-duration", duration, "--leader-elect", "false"];
+    let mut signer = Signer::start(&signer_bin(), &w.env, &signer_flags(SHORT)).await;
+    recorder.pid(signer.pid().unwrap());
+    let bindings: Api<ClusterRoleBinding> = Api::all(w.admin.clone());
+    for binding in AUTO_APPROVE_BINDINGS {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while bindings.get_opt(binding).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "{binding} is still there\n{}", signer.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // The bootstrap provider's part: the template's files and join configuration, with
+    // cloud-init's instance metadata.
+    let template: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(tests::repo_root().join(TEMPLATE)).unwrap()).unwrap();
+    let metadata = |name: &str| match name {
+        "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
+        "ds.meta_data.instance_id" => Some(INSTANCE_ID.to_owned()),
+        _ => None,
+    };
+    let spec = &template["spec"]["template"]["spec"];
+    for file in spec["files"].as_array().unwrap() {
+        let path = file["path"].as_str().unwrap();
+        let content = render(file["content"].as_str().unwrap(), metadata);
+        let on_host = ns.path(path);
+        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
+        std::fs::write(&on_host, content).unwrap();
+        let mode = u32::from_str_radix(file["permissions"].as_str().unwrap(), 8).unwrap();
+        std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    assert_eq!(
+        ns.read(&role["kubelet_authenticator_provider_id_file"]).as_deref(),
+        Some(PROVIDER_ID),
+        "the template's provider ID file, where the drop-in reads it"
+    );
+    let mut join: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata)).unwrap();
+    assert!(
+        join["nodeRegistration"].get("ignorePreflightErrors").is_none(),
+        "the template skips no preflight check"
+    );
+    join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
+    join["kind"] = json!("JoinConfiguration");
+    join["discovery"] = json!({"bootstrapToken": {
+        "apiServerEndpoint": endpoint, "token": JOIN_TOKEN, "caCertHashes": [ca_cert_hash(&w.env.client_ca.cert_pem)]}});
+    join["nodeRegistration"]["name"] = json!(NODE);
+    join["nodeRegistration"]["criSocket"] = json!(containerd.endpoint());
+    join["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
+    let join_path = ns.dir.path().join("join.yaml");
+    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
+    let setup = began.elapsed();
+
+    // kubeadm join, unmodified, in the node's namespace.
+    let join_log = ns.dir.path().join("kubeadm-join.log");
+    let ignored: Vec<&str> = IGNORED_PREFLIGHT_ERRORS.iter().map(|(name, _)| *name).collect();
+    let join_args = vec![
+        "join".to_owned(),
+        "--config".to_owned(),
+        join_path.display().to_string(),
+        format!("--ignore-preflight-errors={}", ignored.join(",")),
+    ];
+    let log = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&join_log)
+            .unwrap()
+    };
+    let join_started = Instant::now();
+    let mut kubeadm_join = ns
+        .command(&kubeadm_env, &kubeadm, &join_args)
+        .stdout(log())
+        .stderr(log())
+        .spawn()
+        .unwrap();
+    recorder.process(&kubeadm_join);
+    let joined = || std::fs::read_to_string(&join_log).unwrap_or_default();
+
+    // Where kubeadm asks systemd to (re)start kubelet: the unit's ExecStartPre, then kubelet.
+    let bootstrap_file = format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf");
+    let kubelet_conf = role["kubelet_authenticator_kubeconfig"].clone();
+    assert_eq!(
+        kubelet_conf,
+        format!("{ETC_KUBERNETES}/kubelet.conf"),
+        "the file kubeadm waits for"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(joined().contains("[kubelet-start] Starting the kubelet")
+        && ns.path(&bootstrap_file).exists()
+        && ns.path(&format!("{VAR_LIB_KUBELET}/config.yaml")).exists())
+    {
+        let exited = kubeadm_join.try_wait().unwrap();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "kubeadm join did not come to starting kubelet ({exited:?}):\n{}",
+            joined()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked_at = join_started.elapsed();
+    assert!(
+        !ns.path(&kubelet_conf).exists(),
+        "kubelet.conf exists before the unit starts"
+    );
+    let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
+        .chain(unit.environment(|path| ns.read(path)))
+        .collect();
+    let pre = expand(&unit.exec_start_pre[0], &service_env);
+    let pre_started = Instant::now();
+    let out = ns
+        .command(&service_env, Path::new(&pre[0]), &pre[1..])
+        .output()
+        .unwrap();
+    let pre_took = pre_started.elapsed();
+    assert!(
+        out.status.success(),
+        "ExecStartPre {pre:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exec_start = expand(unit.exec_start.as_deref().unwrap(), &service_env);
+    assert_eq!(exec_start[0], "/usr/bin/kubelet", "{exec_start:?}");
+    let kubelet_args = exec_start[1..].to_vec();
+    for (wanted, why) in [
+        (format!("--kubeconfig={kubelet_conf}"), "the drop-in's kubeconfig"),
+        ("--rotate-certificates=false".to_owned(), "rotation off"),
+        ("--config=/var/lib/kubelet/config.yaml".to_owned(), "kubeadm's config"),
+        (
+            format!("--provider-id={PROVIDER_ID}"),
+            "the template's kubeletExtraArgs",
+        ),
+    ] {
+        assert!(
+            kubelet_args.contains(&wanted),
+            "{why}: {wanted} not in {kubelet_args:?}"
+        );
+    }
+    assert!(
+        !kubelet_args.iter().any(|a| a.starts_with("--bootstrap-kubeconfig")),
+        "kubelet gets no bootstrap kubeconfig: {kubelet_args:?}"
+    );
+    let kubelet_started = Instant::now();
+    let launcher_args = ns.args(&service_env, &assets.join("kubelet"), &kubelet_args);
+    kubelet.start_command(&ns.nsenter, launcher_args);
+
+    let diagnostics = |kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager| {
+        let signer_log = signer.log();
+        let signer_tail: Vec<&str> = signer_log.lines().rev().take(30).collect();
+        format!(
+            "--- kubeadm join:\n{}\n--- kubelet:\n{}\n--- signer:\n{}\n--- kube-controller-manager:\n{}\n--- containerd:\n{}",
+            joined(),
+            kubelet.log(),
+            signer_tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            kcm.log(),
+            containerd.log()
+        )
+    };
+
+    // The one client CSR: filed with the join token, issued by the signer.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let first = loop {
+        if let Some(first) = csrs.wait_issued(Duration::ZERO, |s| s.signer == CLIENT_SIGNER).await {
+            break first;
+        }
+        assert!(
+            Instant::now() < deadline && kubelet.alive(),
+            "no client certificate issued: {:?}\n{}",
+            csrs.all(),
+            diagnostics(&kubelet, &signer, &kcm)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // From now on the signer issues long certificates (the first one stays short).
+    signer.kill();
+    signer = Signer::start(&signer_bin(), &w.env, &signer_flags(LONG)).await;
+    recorder.pid(signer.pid().unwrap());
+    let (first_at, first_pem) = first.issued.clone().unwrap();
+    assert_eq!(
+        first.username,
+        format!("system:bootstrap:{JOIN_TOKEN_ID}"),
+        "filed with the join token: {first:?}"
+    );
+    assert_eq!(
+        first.approved_reason.as_deref(),
+        Some("AttestedInsecureV1"),
+        "{first:?}"
+    );
+    assert_strict_der_pem("the first client certificate", first_pem.as_bytes());
+    let (first_not_before, first_not_after, subject) = validity(&first_pem);
+    assert!(subject.contains(USER), "{subject}");
+    assert_eq!(
+        first_not_after - first_not_before,
+        8 * 60,
+        "a {SHORT} certificate, backdated 5 minutes"
+    );
+
+    // The Node, registered by kubelet as system:node:worker-0 (kubeadm waits for it too).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let registered_after = loop {
+        if node(&w.admin).await.is_some() {
+            break kubelet_started.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline && kubelet.alive(),
+            "the Node was not registered\n{}",
+            diagnostics(&kubelet, &signer, &kcm)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // kubeadm join finishes.
+    let Some(status) = wait_exit(&mut kubeadm_join, Duration::from_secs(300)).await else {
+        panic!("kubeadm join did not finish\n{}", diagnostics(&kubelet, &signer, &kcm));
+    };
+    let join_took = join_started.elapsed();
+    let join_output = joined();
+    assert!(
+        status.success() && join_output.contains("This node has joined the cluster"),
+        "kubeadm join: {status}\n{}",
+        diagnostics(&kubelet, &signer, &kcm)
+    );
+    for name in NEVER_IGNORED {
+        assert!(!join_output.contains(name), "{name} fired:\n{join_output}");
+    }
+
+    // The Node has the Machine's provider ID and kubeadm's CRI-socket annotation.
+    let registered = node(&w.admin).await.expect("the Node");
+    assert_eq!(
+        registered.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+        Some(PROVIDER_ID)
+    );
+    let annotations = registered.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get(CRI_SOCKET_ANNOTATION),
+        Some(&containerd.endpoint()),
+        "kubeadm's annotation: {annotations:?}"
+    );
+    let managers: Vec<String> = registered
+        .metadata
+        .managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.to_string().contains(CRI_SOCKET_ANNOTATION))
+        })
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["kubeadm"], "written by kubeadm");
+    // kubeadm had two credentials: the join token, which may not patch Nodes, and kubelet.conf.
+    let bootstrap_kubeconfig = w.env.bootstrap_kubeconfig(JOIN_TOKEN);
+    let can = w.env.kubectl_as(
+        &bootstrap_kubeconfig,
+        &["auth", "can-i", "patch", &format!("nodes/{NODE}")],
+        None,
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&can.stdout).trim(),
+        "no",
+        "the join token may not patch the Node"
+    );
+    assert!(
+        wait_renewed_and_ready(&w.admin, 0, Duration::from_secs(120)).await,
+        "the Node is not Ready\n{}",
+        diagnostics(&kubelet, &signer, &kcm)
+    );
+    let ready_after = kubelet_started.elapsed();
+
+    // kubeadm deleted the bootstrap kubeconfig; kubelet.conf is the plugin's.
+    assert!(!ns.path(&bootstrap_file).exists(), "{bootstrap_file} is still there");
+    let conf_path = ns.path(&kubelet_conf);
+    let conf_text = std::fs::read_to_string(&conf_path).unwrap();
+    let conf: Value = serde_yaml::from_str(&conf_text).unwrap();
+    let user = &conf["users"][0]["user"];
+    assert_eq!(user["exec"]["command"], json!(install_path), "{conf_text}");
+    assert_eq!(user["exec"]["provideClusterInfo"], json!(true), "{conf_text}");
+    assert_eq!(conf["users"].as_array().map(Vec::len), Some(1), "{conf_text}");
+    assert!(
+        user.get("token").is_none() && !conf_text.contains(JOIN_TOKEN.split_once('.').unwrap().1),
+        "no token in kubelet.conf:\n{conf_text}"
+    );
+    assert_eq!(
+        conf["clusters"][0]["cluster"]["server"],
+        json!(w.env.server),
+        "{conf_text}"
+    );
+    assert_eq!(
+        std::fs::metadata(&conf_path).unwrap().permissions().mode() & 0o777,
+        0o600,
+        "kubelet.conf's mode"
+    );
+    for binding in AUTO_APPROVE_BINDINGS {
+        assert!(bindings.get_opt(binding).await.unwrap().is_none(), "{binding} is back");
+    }
+
+    // The serving CSR: filed by the node, approved by the signer, signed by
+    // kube-controller-manager; kubelet serves it.
+    let Some(serving) = csrs
+        .wait_issued(Duration::from_secs(120), |s| s.signer == SERVING_SIGNER)
+        .await
+    else {
+        panic!(
+            "no serving certificate: {:?}\n{}",
+            csrs.of(SERVING_SIGNER),
+            diagnostics(&kubelet, &signer, &kcm)
+        );
+    };
+    assert_eq!(serving.username, USER, "kubelet files as the node");
+    assert!(
+        serving.approved_reason.as_deref() == Some("KubeletServingAddressesVerified") && serving.refused.is_none(),
+        "approved by the signer: {serving:?}"
+    );
+    let (serving_at, serving_pem) = serving.issued.clone().unwrap();
+    assert_strict_der_pem("kube-controller-manager's serving certificate", serving_pem.as_bytes());
+    let ca = w.env.client_ca.cert_path.clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let served = loop {
+        match kubelet.served_certificate(&ca) {
+            Ok(pem) => break pem,
+            Err(why) => assert!(
+                Instant::now() < deadline,
+                "kubelet does not serve a certificate of the cluster CA for {NODE} and {NODE_IP}: {why}\n{}",
+                diagnostics(&kubelet, &signer, &kcm)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(der(&served), der(&serving_pem), "kubelet serves the issued certificate");
+
+    // Renewal through the plugin, as the node, with the bootstrap kubeconfig gone: the plugin
+    // finds the apiserver in KUBERNETES_EXEC_INFO.
+    let until_expiry = Duration::from_secs(u64::try_from(first_not_after - now()).unwrap_or(0));
+    let Some(renewal) = csrs
+        .wait_issued(until_expiry, |s| s.signer == CLIENT_SIGNER && s.username == USER)
+        .await
+    else {
+        panic!(
+            "no renewal before the first certificate expired: {:?}\n{}",
+            csrs.of(CLIENT_SIGNER),
+            diagnostics(&kubelet, &signer, &kcm)
+        );
+    };
+    assert!(
+        !ns.path(&bootstrap_file).exists(),
+        "renewed without the bootstrap kubeconfig"
+    );
+    assert_eq!(
+        renewal.approved_reason.as_deref(),
+        Some("AttestedInsecureV1"),
+        "{renewal:?}"
+    );
+    let (renewed_at, renewed_pem) = renewal.issued.clone().unwrap();
+    let (_, renewed_not_after, subject) = validity(&renewed_pem);
+    assert!(subject.contains(USER), "{subject}");
+    assert!(
+        renewed_not_after - now() > 30 * 60,
+        "the renewal was issued by the signer started with --client-cert-duration {LONG}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let current = std::fs::read_to_string(cert_dir.join("kubelet-client-current.pem")).unwrap_or_default();
+        if der(&current) == der(&renewed_pem) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the plugin's cert dir holds the renewed certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Past the first certificate's expiry the node still renews its Lease and is Ready.
+    let wait = first_not_after + 1 - now();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_secs(u64::try_from(wait).unwrap())).await;
+    }
+    assert!(
+        wait_renewed_and_ready(&w.admin, first_not_after * 1_000_000, Duration::from_secs(60)).await,
+        "no Lease renewal after the first certificate expired\n{}",
+        diagnostics(&kubelet, &signer, &kcm)
+    );
+    assert!(kubelet.alive(), "{}", kubelet.log());
+    let past_expiry = first_at.elapsed();
+
+    // Over the whole run: one join-token CSR, one renewal, one serving CSR; nothing for the
+    // legacy kubelet signer, nothing refused.
+    let all = csrs.all();
+    assert!(
+        csrs.of(LEGACY_SIGNER).is_empty(),
+        "a CSR for {LEGACY_SIGNER}: {:?}",
+        csrs.of(LEGACY_SIGNER)
+    );
+    let client = csrs.of(CLIENT_SIGNER);
+    assert_eq!(client.len(), 2, "{client:?}");
+    assert_eq!(csrs.of(SERVING_SIGNER).len(), 1, "{all:?}");
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert!(all.iter().all(|s| s.refused.is_none()), "{all:?}");
+    assert!(kcm.alive(), "{}", kcm.log());
+    let systemctl = ns.systemctl_calls();
+    assert!(
+        systemctl.is_empty() || systemctl.iter().any(|c| c == "restart kubelet"),
+        "{systemctl:?}"
+    );
+
+    eprintln!(
+        "--- kubeadm init phases:\n{init_output}--- kubeadm join:\n{join_output}--- systemctl calls: {systemctl:?}\n\
+         --- kubelet: {} {}",
+        assets.join("kubelet").display(),
+        kubelet_args.join(" ")
+    );
+    eprintln!(
+        "envtest_kubeadm timings: setup (apiserver, CRDs, kubeadm init phases, signer, kube-controller-manager, containerd, namespace) {}; \
+         kubeadm join started to asking for kubelet {}, ExecStartPre {}, join wall time {}; \
+         kubelet start to client CSR filed {}, filed to issued {}; kubelet start to Node registered {}, to Ready {}; \
+         serving CSR filed to issued {}; renewal filed {} after the first issuance, filed to issued {}; \
+         first issuance to Ready past its expiry {}; total {}",
+        secs(setup),
+        secs(asked_at),
+        secs(pre_took),
+        secs(join_took),
+        secs(first.first_seen - kubelet_started),
+        secs(first_at - first.first_seen),
+        secs(registered_after),
+        secs(ready_after),
+        secs(serving_at - serving.first_seen),
+        secs(renewal.first_seen - first_at),
+        secs(renewed_at - renewal.first_seen),
+        secs(past_expiry),
+        secs(began.elapsed()),
+    );
+    kubelet.stop();
+    drop(ns);
+}
