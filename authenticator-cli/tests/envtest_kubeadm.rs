@@ -76,17 +76,16 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
 use serde_json::{Value, json};
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::kubelet::{
-    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, MountPoint, NODE_IP, Recorder, program_path,
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, MountPoint, NODE_IP, Recorder, der, node, now,
+    program_path, ready_past, secs, validity, wait_current, wait_renewed_and_ready,
 };
 use tests::live::{self, Signer, Workload, apply};
 use tests::strict_der::assert_strict_der_pem;
@@ -191,42 +190,6 @@ fn require() -> PathBuf {
     tests::envtest::assets("envtest_kubeadm")
 }
 
-/// Unix time in seconds.
-fn now() -> i64 {
-    now_micros() / 1_000_000
-}
-
-/// Unix time in microseconds.
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros()
-        .try_into()
-        .unwrap()
-}
-
-fn der(pem_text: &str) -> Vec<u8> {
-    pem::parse_many(pem_text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .find(|b| b.tag() == "CERTIFICATE")
-        .expect("a certificate")
-        .contents()
-        .to_vec()
-}
-
-/// NotBefore, NotAfter (Unix seconds) and subject of the first certificate of a PEM text.
-fn validity(pem_text: &str) -> (i64, i64, String) {
-    let der = der(pem_text);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    (
-        cert.validity().not_before.timestamp(),
-        cert.validity().not_after.timestamp(),
-        cert.subject().to_string(),
-    )
-}
-
 /// kubeadm's CA pin: `sha256:<hex of the SHA-256 of the CA's SubjectPublicKeyInfo>`.
 fn ca_cert_hash(ca_pem: &[u8]) -> String {
     let der = der(std::str::from_utf8(ca_pem).unwrap());
@@ -234,44 +197,6 @@ fn ca_cert_hash(ca_pem: &[u8]) -> String {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, cert.tbs_certificate.subject_pki.raw);
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     format!("sha256:{hex}")
-}
-
-async fn node(admin: &kube::Client) -> Option<Node> {
-    Api::<Node>::all(admin.clone()).get_opt(NODE).await.ok().flatten()
-}
-
-fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn lease_renewed(admin: &kube::Client) -> Option<i64> {
-    let lease = Api::<Lease>::namespaced(admin.clone(), "kube-node-lease")
-        .get_opt(NODE)
-        .await
-        .ok()
-        .flatten()?;
-    lease.spec?.renew_time.map(|t| t.0.as_microsecond())
-}
-
-/// Waits until the node's Lease is renewed after `after` (Unix microseconds) and the Node is
-/// Ready.
-async fn wait_renewed_and_ready(admin: &kube::Client, after: i64, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        let renewed = lease_renewed(admin).await.is_some_and(|t| t > after);
-        if renewed && node(admin).await.is_some_and(|n| ready(&n)) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.3}s", d.as_secs_f64())
 }
 
 /// A Jinja template with only `{{ name }}` expressions (what the role's drop-in and the
@@ -943,7 +868,7 @@ kind: KubeletConfiguration
     // The Node, registered by kubelet as system:node:worker-0 (kubeadm waits for it too).
     let deadline = Instant::now() + Duration::from_secs(120);
     let registered_after = loop {
-        if node(&w.admin).await.is_some() {
+        if node(&w.admin, NODE).await.is_some() {
             break kubelet_started.elapsed();
         }
         assert!(
@@ -970,7 +895,7 @@ kind: KubeletConfiguration
     }
 
     // The Node has the Machine's provider ID and kubeadm's CRI-socket annotation.
-    let registered = node(&w.admin).await.expect("the Node");
+    let registered = node(&w.admin, NODE).await.expect("the Node");
     assert_eq!(
         registered.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
         Some(PROVIDER_ID)
@@ -1008,7 +933,7 @@ kind: KubeletConfiguration
         "the join token may not patch the Node"
     );
     assert!(
-        wait_renewed_and_ready(&w.admin, 0, Duration::from_secs(120)).await,
+        wait_renewed_and_ready(&w.admin, NODE, 0, Duration::from_secs(120)).await,
         "the Node is not Ready\n{}",
         diagnostics(&kubelet, &signer, &kcm)
     );
@@ -1104,26 +1029,14 @@ kind: KubeletConfiguration
         renewed_not_after - now() > 30 * 60,
         "the renewal was issued by the signer started with --client-cert-duration {LONG}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let current = std::fs::read_to_string(cert_dir.join("kubelet-client-current.pem")).unwrap_or_default();
-        if der(&current) == der(&renewed_pem) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the plugin's cert dir holds the renewed certificate"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        wait_current(&cert_dir, &renewed_pem, Duration::from_secs(10)).await,
+        "the plugin's cert dir holds the renewed certificate"
+    );
 
     // Past the first certificate's expiry the node still renews its Lease and is Ready.
-    let wait = first_not_after + 1 - now();
-    if wait > 0 {
-        tokio::time::sleep(Duration::from_secs(u64::try_from(wait).unwrap())).await;
-    }
     assert!(
-        wait_renewed_and_ready(&w.admin, first_not_after * 1_000_000, Duration::from_secs(60)).await,
+        ready_past(&w.admin, NODE, first_not_after, Duration::from_secs(60)).await,
         "no Lease renewal after the first certificate expired\n{}",
         diagnostics(&kubelet, &signer, &kcm)
     );

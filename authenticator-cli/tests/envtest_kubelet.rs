@@ -14,15 +14,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use serde_json::json;
 use tests::capi;
 use tests::envtest::Envtest;
-use tests::kubelet::{Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP};
+use tests::kubelet::{
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, der, node, now, now_micros, ready_past, secs,
+    validity, wait_current, wait_renewed_and_ready,
+};
 use tests::live::{self, Signer, Workload, apply};
 use tests::strict_der::assert_strict_der_pem;
 
@@ -44,78 +44,6 @@ fn signer_bin() -> PathBuf {
     live::sibling_binary(PLUGIN, "node-attestation-signer")
 }
 
-/// Unix time in seconds.
-fn now() -> i64 {
-    now_micros() / 1_000_000
-}
-
-/// Unix time in microseconds (a Lease's renewTime has this precision).
-fn now_micros() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros()
-        .try_into()
-        .unwrap()
-}
-
-/// DER of the first certificate of a PEM text.
-fn der(pem_text: &str) -> Vec<u8> {
-    pem::parse_many(pem_text.as_bytes())
-        .unwrap()
-        .into_iter()
-        .find(|b| b.tag() == "CERTIFICATE")
-        .expect("a certificate")
-        .contents()
-        .to_vec()
-}
-
-/// NotAfter (Unix seconds) and subject of the first certificate of a PEM text.
-fn validity(pem_text: &str) -> (i64, i64, String) {
-    let der = der(pem_text);
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    (
-        cert.validity().not_before.timestamp(),
-        cert.validity().not_after.timestamp(),
-        cert.subject().to_string(),
-    )
-}
-
-async fn node(admin: &kube::Client) -> Option<Node> {
-    Api::<Node>::all(admin.clone()).get_opt(NODE).await.ok().flatten()
-}
-
-fn ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The node Lease's renewTime (Unix microseconds).
-async fn lease_renewed(admin: &kube::Client) -> Option<i64> {
-    let lease = Api::<Lease>::namespaced(admin.clone(), "kube-node-lease")
-        .get_opt(NODE)
-        .await
-        .ok()
-        .flatten()?;
-    lease.spec?.renew_time.map(|t| t.0.as_microsecond())
-}
-
-/// Waits until the node's Lease is renewed after `after` (Unix microseconds) and the Node is
-/// Ready.
-async fn wait_renewed_and_ready(admin: &kube::Client, after: i64, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        let renewed = lease_renewed(admin).await.is_some_and(|t| t > after);
-        if renewed && node(admin).await.is_some_and(|n| ready(&n)) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    false
-}
-
 /// What each process said last, for a failure message.
 fn diagnostics(kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager, containerd: &Containerd) -> String {
     let signer_log = signer.log();
@@ -127,10 +55,6 @@ fn diagnostics(kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager, cont
         kcm.log(),
         containerd.log()
     )
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.3}s", d.as_secs_f64())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -234,7 +158,7 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
     // 1. The Node, registered by kubelet as system:node:worker-0, with the Machine's provider ID.
     let deadline = Instant::now() + Duration::from_secs(120);
     let registered = loop {
-        if let Some(n) = node(&w.admin).await {
+        if let Some(n) = node(&w.admin, NODE).await {
             break n;
         }
         assert!(
@@ -250,9 +174,12 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         Some(PROVIDER_ID)
     );
     assert!(
-        wait_renewed_and_ready(&w.admin, 0, Duration::from_secs(120)).await,
+        wait_renewed_and_ready(&w.admin, NODE, 0, Duration::from_secs(120)).await,
         "the Node is not Ready\n{:?}\n{}",
-        node(&w.admin).await.and_then(|n| n.status).and_then(|s| s.conditions),
+        node(&w.admin, NODE)
+            .await
+            .and_then(|n| n.status)
+            .and_then(|s| s.conditions),
         diagnostics(&kubelet, &signer, &kcm, &containerd)
     );
     let ready_after = started.elapsed();
@@ -313,28 +240,16 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         renewed_not_after - now() > 30 * 60,
         "the renewal was issued by the signer started with --client-cert-duration {LONG} (it was filed too soon after the first certificate?)"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let current = std::fs::read_to_string(pki.join("kubelet-client-current.pem")).unwrap_or_default();
-        if der(&current) == der(&renewed_pem) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the plugin's cert dir holds the renewed certificate"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        wait_current(&pki, &renewed_pem, Duration::from_secs(10)).await,
+        "the plugin's cert dir holds the renewed certificate"
+    );
 
     // Past the first certificate's expiry, kubelet still renews its Lease: it talks with the
     // renewed certificate (the apiserver checks a client certificate's validity on every
     // request), and the Node is Ready.
-    let wait = first_not_after + 1 - now();
-    if wait > 0 {
-        tokio::time::sleep(Duration::from_secs(u64::try_from(wait).unwrap())).await;
-    }
     assert!(
-        wait_renewed_and_ready(&w.admin, first_not_after * 1_000_000, Duration::from_secs(60)).await,
+        ready_past(&w.admin, NODE, first_not_after, Duration::from_secs(60)).await,
         "no Lease renewal after the first certificate expired\n{}",
         diagnostics(&kubelet, &signer, &kcm, &containerd)
     );
@@ -348,7 +263,7 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
     let restarted = now_micros();
     kubelet.start_again();
     assert!(
-        wait_renewed_and_ready(&w.admin, restarted, Duration::from_secs(90)).await,
+        wait_renewed_and_ready(&w.admin, NODE, restarted, Duration::from_secs(90)).await,
         "the restarted kubelet does not renew its Lease\n{}",
         diagnostics(&kubelet, &signer, &kcm, &containerd)
     );

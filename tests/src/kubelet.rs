@@ -1036,3 +1036,107 @@ impl Drop for CsrRecorder {
         self.task.abort();
     }
 }
+
+/// Unix time in seconds.
+pub fn now() -> i64 {
+    now_micros() / 1_000_000
+}
+
+/// Unix time in microseconds (a Lease's renewTime has this precision).
+pub fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// DER of the first certificate of a PEM text.
+pub fn der(pem_text: &str) -> Vec<u8> {
+    pem::parse_many(pem_text.as_bytes())
+        .expect("PEM")
+        .into_iter()
+        .find(|b| b.tag() == "CERTIFICATE")
+        .expect("a certificate")
+        .contents()
+        .to_vec()
+}
+
+/// NotBefore, NotAfter (Unix seconds) and subject of the first certificate of a PEM text.
+pub fn validity(pem_text: &str) -> (i64, i64, String) {
+    let der = der(pem_text);
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("a certificate");
+    (
+        cert.validity().not_before.timestamp(),
+        cert.validity().not_after.timestamp(),
+        cert.subject().to_string(),
+    )
+}
+
+/// The Node `name`, if it is there.
+pub async fn node(admin: &kube::Client, name: &str) -> Option<k8s_openapi::api::core::v1::Node> {
+    kube::Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether the Node's Ready condition is True.
+pub fn ready(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The renewTime of Node `name`'s Lease (Unix microseconds).
+pub async fn lease_renewed(admin: &kube::Client, name: &str) -> Option<i64> {
+    let lease = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), "kube-node-lease")
+        .get_opt(name)
+        .await
+        .ok()
+        .flatten()?;
+    lease.spec?.renew_time.map(|t| t.0.as_microsecond())
+}
+
+/// Waits until Node `name`'s Lease is renewed after `after` (Unix microseconds) and the Node
+/// is Ready.
+pub async fn wait_renewed_and_ready(admin: &kube::Client, name: &str, after: i64, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let renewed = lease_renewed(admin, name).await.is_some_and(|t| t > after);
+        if renewed && node(admin, name).await.is_some_and(|n| ready(&n)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    false
+}
+
+/// A duration in seconds, for the suites' timing lines.
+pub fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+/// Waits until the plugin's cert dir holds the certificate of `pem` as its current one.
+pub async fn wait_current(cert_dir: &Path, pem: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let current = std::fs::read_to_string(cert_dir.join("kubelet-client-current.pem")).unwrap_or_default();
+        if current.contains("CERTIFICATE") && der(&current) == der(pem) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Sleeps until `not_after` (Unix seconds) has passed, then waits until Node `name` renews its
+/// Lease after it and is Ready: the node talks with a later certificate (the apiserver checks
+/// a client certificate's validity on every request).
+pub async fn ready_past(admin: &kube::Client, name: &str, not_after: i64, timeout: Duration) -> bool {
+    let wait = not_after + 1 - now();
+    if wait > 0 {
+        tokio::time::sleep(Duration::from_secs(u64::try_from(wait).unwrap_or(0))).await;
+    }
+    wait_renewed_and_ready(admin, name, not_after * 1_000_000, timeout).await
+}
