@@ -338,6 +338,13 @@ fn backoff_record(cert_dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(cert_dir.join("kubelet-authenticator-backoff")).unwrap()).unwrap()
 }
 
+/// Moves the backoff's end into the past, as if its delay had been waited out.
+fn end_backoff(cert_dir: &Path) {
+    let mut record = backoff_record(cert_dir);
+    record["retryAt"] = "2000-01-01T00:00:00Z".into();
+    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+}
+
 #[test]
 fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again() {
     let dir = tempfile::tempdir().unwrap();
@@ -388,9 +395,7 @@ fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again
     );
 
     // The delay passes (the record says so): one CSR, denied again, twice the delay.
-    let mut record = backoff_record(&cert_dir);
-    record["retryAt"] = "2000-01-01T00:00:00Z".into();
-    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    end_backoff(&cert_dir);
     let again = plugin(&api.kubeconfig, &cert_dir, &[], None);
     assert!(!again.status.success());
     assert_eq!(api.filed().len(), 2);
@@ -424,9 +429,7 @@ fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again
 
     // Issued at last: answered, and the backoff is gone.
     api.answer(Verdict::Issue);
-    let mut record = backoff_record(&cert_dir);
-    record["retryAt"] = "2000-01-01T00:00:00Z".into();
-    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    end_backoff(&cert_dir);
     let issued = plugin(&api.kubeconfig, &cert_dir, &[], None);
     assert!(issued.status.success(), "{}", stderr(&issued));
     let credential: Value = serde_json::from_slice(&issued.stdout).unwrap();
@@ -596,9 +599,7 @@ fn a_certificate_kubelets_rotation_wrote_is_reported_and_renewed_as_the_node_nev
 
     // Renewed: replaced, said so, and `status` keeps the note.
     api.answer(Verdict::Issue);
-    let mut record = backoff_record(&cert_dir);
-    record["retryAt"] = "2000-01-01T00:00:00Z".into();
-    std::fs::write(cert_dir.join("kubelet-authenticator-backoff"), record.to_string()).unwrap();
+    end_backoff(&cert_dir);
     let renewed = plugin(&api.kubeconfig, &cert_dir, &[], None);
     assert!(renewed.status.success(), "{}", stderr(&renewed));
     assert!(
