@@ -12,6 +12,7 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ca::{CaKeyFormat, TestCa, issuer, openssl_ca};
@@ -19,8 +20,9 @@ use crate::ca::{CaKeyFormat, TestCa, issuer, openssl_ca};
 /// A running etcd + kube-apiserver pair on loopback, stopped on drop.
 pub struct Envtest {
     assets: PathBuf,
+    // Before `dir`: an own etcd stops before its data folder is removed.
+    etcd: Arc<Etcd>,
     dir: tempfile::TempDir,
-    etcd: Child,
     apiserver: Option<Child>,
     apiserver_args: Vec<String>,
     /// `https://127.0.0.1:<port>`
@@ -64,39 +66,37 @@ impl Envtest {
     pub fn start(suite: &str) -> Self {
         let assets = assets(suite);
         let dir = tempfile::tempdir().expect("temporary directory");
+        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None));
+        Self::start_apiserver_on(assets, dir, etcd, &[])
+    }
+
+    /// Starts a kube-apiserver like [`Envtest::start`] on `etcd`, shared with other
+    /// apiservers, under its own `--etcd-prefix`: many clusters for the price of one etcd.
+    pub fn start_on(suite: &str, etcd: &SharedEtcd) -> Self {
+        let assets = assets(suite);
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let prefix = format!("--etcd-prefix=/registry-{:032x}", u128::from_le_bytes(rand_bytes()));
+        Self::start_apiserver_on(assets, dir, Arc::clone(&etcd.0), &[prefix])
+    }
+
+    fn start_apiserver_on(assets: PathBuf, dir: tempfile::TempDir, etcd: Arc<Etcd>, extra: &[String]) -> Self {
         let d = dir.path();
         let client_ca = openssl_ca(CaKeyFormat::RsaPkcs1, 3650);
+        let token = format!("{:032x}", u128::from_le_bytes(rand_bytes()));
         let (serving_cert, serving_key) = serving_certificate(&client_ca);
         std::fs::write(d.join("apiserver.crt"), serving_cert).expect("write");
         std::fs::write(d.join("apiserver.key"), serving_key).expect("write");
         let sa = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
         std::fs::write(d.join("sa.key"), sa.serialize_pem()).expect("write");
         std::fs::write(d.join("sa.pub"), sa.public_key_pem()).expect("write");
-        let token = format!("{:032x}", u128::from_le_bytes(rand_bytes()));
         std::fs::write(
             d.join("tokens.csv"),
             format!("{token},admin,admin-uid,system:masters\n"),
         )
         .expect("write");
-
-        let (etcd_port, peer_port, api_port) = (free_port(), free_port(), free_port());
-        let etcd = Command::new(etcd_binary(&assets))
-            .args([
-                "--name=default",
-                &format!("--data-dir={}", d.join("etcd").display()),
-                &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync",
-            ])
-            .stdout(log_file(d, "etcd.log"))
-            .stderr(log_file(d, "etcd.err"))
-            .spawn()
-            .expect("start etcd");
+        let api_port = free_port();
         let apiserver_args: Vec<String> = [
-            &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            &format!("--etcd-servers={}", etcd.url),
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
             &format!("--secure-port={api_port}"),
@@ -116,6 +116,7 @@ impl Envtest {
         ]
         .iter()
         .map(ToString::to_string)
+        .chain(extra.iter().cloned())
         .collect();
         let apiserver = spawn_apiserver(&assets, d, &apiserver_args);
         let server = format!("https://127.0.0.1:{api_port}");
@@ -192,7 +193,7 @@ impl Envtest {
 
     /// The process ids of etcd and (while it runs) kube-apiserver.
     pub fn pids(&self) -> Vec<u32> {
-        std::iter::once(self.etcd.id())
+        std::iter::once(self.etcd.child.id())
             .chain(self.apiserver.as_ref().map(Child::id))
             .collect()
     }
@@ -319,9 +320,67 @@ impl Envtest {
 
 impl Drop for Envtest {
     fn drop(&mut self) {
+        // etcd stops with its last apiserver (`Etcd`'s drop).
         self.stop_apiserver();
-        let _ = self.etcd.kill();
-        let _ = self.etcd.wait();
+    }
+}
+
+/// One etcd several [`Envtest`]s keep data in ([`Envtest::start_on`]), each under its own
+/// prefix; it stops when the last of them and this handle are dropped.
+pub struct SharedEtcd(Arc<Etcd>);
+
+impl SharedEtcd {
+    /// Starts etcd in a folder of its own. Panics without `KUBEBUILDER_ASSETS`.
+    pub fn start(suite: &str) -> Self {
+        let assets = assets(suite);
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().to_owned();
+        Self(Arc::new(Etcd::spawn(&assets, &path, Some(dir))))
+    }
+
+    /// The process id of etcd.
+    pub fn pid(&self) -> u32 {
+        self.0.child.id()
+    }
+}
+
+struct Etcd {
+    child: Child,
+    url: String,
+    /// Its own folder when shared; otherwise the data lives in the one [`Envtest`]'s.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Etcd {
+    fn spawn(assets: &Path, d: &Path, own_dir: Option<tempfile::TempDir>) -> Self {
+        let (etcd_port, peer_port) = (free_port(), free_port());
+        let child = Command::new(etcd_binary(assets))
+            .args([
+                "--name=default",
+                &format!("--data-dir={}", d.join("etcd").display()),
+                &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync",
+            ])
+            .stdout(log_file(d, "etcd.log"))
+            .stderr(log_file(d, "etcd.err"))
+            .spawn()
+            .expect("start etcd");
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{etcd_port}"),
+            _dir: own_dir,
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -342,6 +342,19 @@ impl Signer {
     /// the management ServiceAccount, after applying the management RBAC. `extra` flags are
     /// appended.
     pub async fn start(binary: &Path, management: &Envtest, extra: &[&str]) -> Self {
+        let kubeconfig = Self::management_identity(management).await;
+        Self::run_as(binary, management, &kubeconfig, extra)
+    }
+
+    /// [`Signer::start`] without the suites' `--resync-period 2s`: every flag at the signer's
+    /// default unless `extra` sets it, as the load harness compares it.
+    pub async fn start_with_defaults(binary: &Path, management: &Envtest, extra: &[&str]) -> Self {
+        let kubeconfig = Self::management_identity(management).await;
+        Self::spawn_with(binary, management, &kubeconfig, &[], extra)
+    }
+
+    /// Applies the management RBAC and returns a kubeconfig of the management ServiceAccount.
+    async fn management_identity(management: &Envtest) -> PathBuf {
         let admin = client(&management.admin_kubeconfig).await;
         apply(
             &admin,
@@ -350,12 +363,15 @@ impl Signer {
         .await;
         apply_file(&admin, "config/rbac/management-cluster.yaml").await;
         let (cert, key) = management.client_certificate(SIGNER_SERVICE_ACCOUNT, &["system:serviceaccounts"]);
-        let kubeconfig = management.kubeconfig_for_certificate("signer-management", &cert, &key);
-        Self::run_as(binary, management, &kubeconfig, extra)
+        management.kubeconfig_for_certificate("signer-management", &cert, &key)
     }
 
     /// Starts the signer with `kubeconfig` as its management identity, nothing applied first.
     pub fn run_as(binary: &Path, management: &Envtest, kubeconfig: &Path, extra: &[&str]) -> Self {
+        Self::spawn_with(binary, management, kubeconfig, &["--resync-period", "2s"], extra)
+    }
+
+    fn spawn_with(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {
         let (metrics, health) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "run".into(),
@@ -365,10 +381,8 @@ impl Signer {
             format!("127.0.0.1:{metrics}"),
             "--health-probe-bind-address".into(),
             format!("127.0.0.1:{health}"),
-            "--resync-period".into(),
-            "2s".into(),
         ];
-        args.extend(extra.iter().map(ToString::to_string));
+        args.extend(tuning.iter().chain(extra).map(ToString::to_string));
         let mut signer = Self {
             binary: binary.to_owned(),
             args,
