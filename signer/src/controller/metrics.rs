@@ -40,6 +40,36 @@ impl ClusterState {
     pub const ALL: [Self; 4] = [Self::Ready, Self::Unreachable, Self::SecretsInvalid, Self::SharedCa];
 }
 
+/// Which way a Cluster moved between replicas.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Direction {
+    /// This replica took the Cluster over.
+    Gained,
+    /// This replica handed the Cluster to another (or was fenced).
+    Released,
+}
+
+impl Direction {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gained => "gained",
+            Self::Released => "released",
+        }
+    }
+}
+
+impl prometheus_client::encoding::EncodeLabelValue for Direction {
+    fn encode(&self, encoder: &mut prometheus_client::encoding::LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: Direction,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: ClusterState,
@@ -66,6 +96,10 @@ pub struct Metrics {
     legacy_autoapprove: Family<BindingLabels, Gauge>,
     queue_dropped: Family<ClusterLabels, Counter>,
     leader: Gauge,
+    shard_members: Gauge,
+    shard_fenced: Gauge,
+    shard_clusters_owned: Gauge,
+    shard_handovers: Family<DirectionLabels, Counter>,
 }
 
 impl Metrics {
@@ -81,6 +115,10 @@ impl Metrics {
             legacy_autoapprove: Family::default(),
             queue_dropped: Family::default(),
             leader: Gauge::default(),
+            shard_members: Gauge::default(),
+            shard_fenced: Gauge::default(),
+            shard_clusters_owned: Gauge::default(),
+            shard_handovers: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("node_attestation");
         r.register(
@@ -108,6 +146,26 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader Lease",
             metrics.leader.clone(),
+        );
+        r.register(
+            "shard_members",
+            "Live signer replicas sharing the clusters, as this replica sees them (0 when not sharded)",
+            metrics.shard_members.clone(),
+        );
+        r.register(
+            "shard_fenced",
+            "1 while this replica could not renew its membership Lease in time and serves no cluster",
+            metrics.shard_fenced.clone(),
+        );
+        r.register(
+            "shard_clusters_owned",
+            "Opted-in clusters assigned to this replica (served, or held back by their own problem)",
+            metrics.shard_clusters_owned.clone(),
+        );
+        r.register(
+            "shard_handovers",
+            "Clusters this replica took over (gained) or handed to another (released)",
+            metrics.shard_handovers.clone(),
         );
         metrics
     }
@@ -167,6 +225,24 @@ impl Metrics {
     pub fn leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
     }
+
+    /// Sets the shard gauges: live members, and whether this replica is fenced.
+    pub fn shard_view(&self, members: usize, fenced: bool) {
+        self.shard_members.set(i64::try_from(members).unwrap_or(i64::MAX));
+        self.shard_fenced.set(i64::from(fenced));
+    }
+
+    /// Sets the number of opted-in clusters assigned to this replica.
+    pub fn shard_clusters_owned(&self, owned: usize) {
+        self.shard_clusters_owned.set(i64::try_from(owned).unwrap_or(i64::MAX));
+    }
+
+    /// Counts `n` hand-overs in `direction`.
+    pub fn shard_handovers(&self, direction: Direction, n: usize) {
+        self.shard_handovers
+            .get_or_create(&DirectionLabels { direction })
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
 }
 
 /// The text exposition of `registry`.
@@ -207,5 +283,26 @@ mod tests {
             text.contains("node_attestation_issue_latency_seconds_count 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn shard_gauges_and_handovers_are_exposed() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.shard_view(3, false);
+        m.shard_clusters_owned(11);
+        m.shard_handovers(Direction::Gained, 11);
+        m.shard_handovers(Direction::Released, 2);
+        m.shard_handovers(Direction::Released, 1);
+        let text = encode(&registry);
+        for line in [
+            "node_attestation_shard_members 3",
+            "node_attestation_shard_fenced 0",
+            "node_attestation_shard_clusters_owned 11",
+            r#"node_attestation_shard_handovers_total{direction="gained"} 11"#,
+            r#"node_attestation_shard_handovers_total{direction="released"} 3"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }

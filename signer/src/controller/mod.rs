@@ -1,7 +1,9 @@
 //! `node-attestation-signer run`: the management-cluster controller.
 //!
 //! - [`management`]: watch caches of Cluster API objects, the claim write, Secrets.
-//! - [`fleet`]: which workload clusters are served (opt-in, Secrets, shared-CA refusal).
+//! - [`fleet`]: which workload clusters are served (opt-in, shard, Secrets, shared-CA refusal).
+//! - [`membership`] and [`shard`]: `--coordination=shard`: every replica renews its own Lease
+//!   and serves the Clusters rendezvous hashing assigns it among the live members.
 //! - [`workload`]: one workload cluster's CSR watch, queue and fetch -> decide -> apply loop.
 //! - [`nodes`]: one workload cluster's Nodes by provider ID, from a watch.
 //! - [`challenge_key`]: the `tpm/v1` challenge key, loaded when a TPM CSR first needs it.
@@ -15,9 +17,11 @@ pub mod challenge_key;
 pub mod fleet;
 pub mod http;
 pub mod management;
+pub mod membership;
 pub mod metrics;
 pub mod nodes;
 pub mod queue;
+pub mod shard;
 pub mod workload;
 
 use std::net::SocketAddr;
@@ -40,6 +44,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// How replicas share the clusters when `--leader-elect` is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Coordination {
+    /// One replica holds the leader Lease and serves every cluster; the others stand by.
+    Leader,
+    /// Every replica renews its own membership Lease and serves its share of the clusters.
+    Shard,
+}
+
 /// Arguments of `run`. Every flag also reads an environment variable.
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -59,13 +72,24 @@ pub struct RunArgs {
     /// `kubeadm:node-autoapprove-certificate-rotation` bindings (still reported).
     #[arg(long, env = "SIGNER_KEEP_LEGACY_AUTOAPPROVE")]
     pub keep_legacy_autoapprove: bool,
-    /// Leader election through a coordination.k8s.io Lease.
+    /// Coordinate replicas through coordination.k8s.io Leases (`--coordination`); false: this
+    /// one process serves every opted-in cluster.
     #[arg(long, env = "SIGNER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// With `--leader-elect`: `leader` (one replica serves every cluster, the others stand by)
+    /// or `shard` (every replica serves the clusters assigned to it; needs list, watch and
+    /// delete on Leases, as config/rbac grants).
+    #[arg(long, env = "SIGNER_COORDINATION", value_enum, default_value_t = Coordination::Leader)]
+    pub coordination: Coordination,
+    /// This replica's stable name (`--coordination=shard`: its membership Lease is
+    /// `<--leader-election-id>-<name>`). Default: the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub replica_name: Option<String>,
     /// Namespace of the Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "node-attestation-system")]
     pub leader_election_namespace: String,
-    /// Name of the Lease.
+    /// Name of the leader Lease; with `--coordination=shard`, the prefix of the member Leases
+    /// and the value of their `node-attestation.cluster.x-k8s.io/signer-member` label.
     #[arg(long, env = "SIGNER_LEADER_ELECTION_ID", default_value = "node-attestation-signer")]
     pub leader_election_id: String,
     /// Address of `/metrics`.
@@ -143,14 +167,19 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .ok()
+/// `--replica-name` (`POD_NAME`), else the host name.
+fn replica_name(args: &RunArgs) -> String {
+    args.replica_name
+        .clone()
         .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "node-attestation-signer".to_owned());
-    format!("{host}_{}", std::process::id())
+        .unwrap_or_else(|| "node-attestation-signer".to_owned())
+}
+
+/// Unique per process: the replica name and the process id.
+fn identity(replica: &str) -> String {
+    format!("{replica}_{}", std::process::id())
 }
 
 async fn management_client(args: &RunArgs) -> Result<Client> {
@@ -228,9 +257,12 @@ async fn serve(args: &RunArgs) -> Result<()> {
         .await
         .context("the management cluster's apiserver does not answer")?;
     ready.store(true, Ordering::Relaxed);
-    let identity = identity();
+    let replica = replica_name(args);
+    let identity = identity(&replica);
+    let sharded = args.leader_elect && args.coordination == Coordination::Shard;
+    let (membership_client, holder) = (client.clone(), identity.clone());
 
-    let mut leadership = if args.leader_elect {
+    let mut leadership = if args.leader_elect && !sharded {
         let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
             .with_namespace(&args.leader_election_namespace)
             .with_identity(&identity)
@@ -262,8 +294,10 @@ async fn serve(args: &RunArgs) -> Result<()> {
     } else {
         None
     };
-    metrics.leader(true);
-    tracing::info!(%identity, "leading: serving opted-in clusters");
+    if !sharded {
+        metrics.leader(true);
+        tracing::info!(%identity, "leading: serving opted-in clusters");
+    }
 
     let challenge_key = Arc::new(challenge_key::ChallengeKeyLoader::new(
         client.clone(),
@@ -306,7 +340,23 @@ async fn serve(args: &RunArgs) -> Result<()> {
             request_timeout: args.request_timeout,
         },
     });
-    let fleet = tokio::spawn(fleet::Fleet::new(shared).run());
+    // Joined only once the caches have listed: until then the peers keep this share.
+    let mut membership = if sharded {
+        let settings = membership::Settings::new(
+            &args.leader_election_namespace,
+            &args.leader_election_id,
+            &replica,
+            &holder,
+        );
+        Some(membership::Membership::join(membership_client, settings, metrics.clone()).await?)
+    } else {
+        None
+    };
+    let scope = match &membership {
+        Some(membership) => fleet::Scope::Shard(membership.view()),
+        None => fleet::Scope::Everything,
+    };
+    let fleet = tokio::spawn(fleet::Fleet::new(shared, scope).run());
 
     let lost = async {
         match leadership.as_mut() {
@@ -318,7 +368,17 @@ async fn serve(args: &RunArgs) -> Result<()> {
             None => std::future::pending().await,
         }
     };
+    let membership_stopped = async {
+        match membership.as_mut() {
+            Some(membership) => membership.stopped().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
+        () = membership_stopped => {
+            fleet.abort();
+            bail!("the membership Lease tasks stopped; exiting so the other replicas take this share");
+        }
         () = lost => {
             metrics.leader(false);
             fleet.abort();
@@ -329,6 +389,10 @@ async fn serve(args: &RunArgs) -> Result<()> {
         () = terminated() => {
             tracing::info!("terminated; stopping");
             fleet.abort();
+            // Hand this replica's share over now: the peers see the Lease deleted.
+            if let Some(membership) = membership {
+                membership.leave().await;
+            }
             // Hand the Lease over now instead of letting a standby wait out its duration.
             if let Some((channel, task)) = leadership {
                 drop(channel);
