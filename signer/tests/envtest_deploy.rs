@@ -42,7 +42,26 @@ async fn the_kustomizations_apply_cleanly_and_the_service_account_can_do_the_job
         .stdout,
     )
     .unwrap();
-    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array().unwrap().iter().any(|a| a == "--coordination=shard"),
+        "config/default shards: {args}"
+    );
+    let pdb: Value = serde_json::from_slice(
+        &env.kubectl(&[
+            "get",
+            "poddisruptionbudget",
+            "node-attestation-signer",
+            "-n",
+            "node-attestation-system",
+            "-o",
+            "json",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "node-attestation-signer");
     let container = &pod["containers"][0];

@@ -236,6 +236,22 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
             "node-attestation-system",
         ],
     );
+    // --coordination=shard: each replica lists and watches its peers' membership Leases and
+    // deletes its own on SIGTERM (and dead members').
+    for verb in ["list", "watch", "delete"] {
+        allowed(
+            &env,
+            MANAGEMENT_SA,
+            &[
+                "auth",
+                "can-i",
+                verb,
+                "leases.coordination.k8s.io",
+                "-n",
+                "node-attestation-system",
+            ],
+        );
+    }
     forbidden(
         &env,
         MANAGEMENT_SA,
