@@ -1,0 +1,442 @@
+//! Sharding on real kube-apiservers (`KUBEBUILDER_ASSETS`; skipped loudly without): three
+//! `--coordination=shard` replicas share 32 opted-in Clusters (two loaded workload apiservers and
+//! 30 quiet Clusters on a third). Every replica serves some and the sum of their
+//! `node_attestation_clusters{state="Ready"}` is the fleet; the replica serving a loaded cluster
+//! is SIGKILLed and that cluster's new CSRs are issued by another within the Lease duration plus
+//! a few seconds; the killed replica rejoins and takes its share back; a fourth process serving
+//! every Cluster (the overlap a hand-over can leave, made permanent) races a shard replica on
+//! pairs of CSRs for one Machine; a SIGTERMed replica hands over at once. Throughout, a watch of
+//! both loaded clusters' CSRs checks that no certificate is ever written twice and no Machine
+//! gets two.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use attestation::names::SIGNER_INSECURE;
+use futures::StreamExt;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use k8s_openapi::api::events::v1::Event;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tests::ca::{CaKeyFormat, openssl_ca};
+use tests::capi;
+use tests::csr::RequestSpec;
+use tests::envtest::Envtest;
+use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, wait_final};
+
+const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
+const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
+const REPLICAS: [&str; 3] = ["a", "b", "c"];
+const QUIET: usize = 30;
+const FLEET: f64 = (QUIET + 2) as f64;
+/// The membership Lease duration.
+const LEASE: Duration = Duration::from_secs(15);
+/// What a hand-over may take beyond the Lease duration: the check tick, the Secrets, the
+/// worker's first list, the decision.
+const SLACK: Duration = Duration::from_secs(8);
+
+fn pid(cluster: &str, name: &str) -> String {
+    format!("aws:///{cluster}/i-{name}")
+}
+
+fn ready(signer: &Signer) -> f64 {
+    metric(&signer.metrics(), "node_attestation_clusters{state=\"Ready\"}")
+}
+
+fn members(signer: &Signer) -> f64 {
+    metric(&signer.metrics(), "node_attestation_shard_members ")
+}
+
+/// The member (Lease) name of replica `name`.
+fn member(name: &str) -> String {
+    format!("node-attestation-signer-{name}")
+}
+
+/// Every CSR's certificate as first seen, every CSR seen with a second, different one, and
+/// (through the caller's plan) which Machine each CSR asked for.
+#[derive(Default)]
+struct Ledger {
+    issued: BTreeMap<(String, String), String>,
+    rewritten: Vec<(String, String)>,
+}
+
+fn watch_csrs(ledger: &Arc<Mutex<Ledger>>, w: &Workload) -> tokio::task::JoinHandle<()> {
+    let (ledger, api, cluster) = (
+        Arc::clone(ledger),
+        Api::<CertificateSigningRequest>::all(w.admin.clone()),
+        w.cluster.clone(),
+    );
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        while let Some(event) = events.next().await {
+            let (Ok(watcher::Event::Apply(csr)) | Ok(watcher::Event::InitApply(csr))) = event else {
+                continue;
+            };
+            if let Final::Issued(pem) = live::state_of(&csr) {
+                let key = (cluster.clone(), csr.metadata.name.clone().unwrap_or_default());
+                let mut ledger = ledger.lock().unwrap();
+                match ledger.issued.get(&key) {
+                    Some(first) if *first != pem => ledger.rewritten.push(key),
+                    Some(_) => {}
+                    None => {
+                        ledger.issued.insert(key, pem);
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Files CSR `csr` for Machine `machine` of `w` and records which Machine it asked for.
+async fn file(w: &Workload, plan: &Mutex<HashMap<(String, String), String>>, csr: &str, machine: &str) {
+    file_csr(
+        &w.bootstrap,
+        csr,
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet(machine, &pid(&w.cluster, machine)).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    plan.lock()
+        .unwrap()
+        .insert((w.cluster.clone(), csr.to_owned()), machine.to_owned());
+}
+
+/// Waits until `done` holds over the live replicas' metrics, or panics after `within`.
+async fn until(what: &str, replicas: &[(&str, Signer)], within: Duration, done: impl Fn(&[(&str, &Signer)]) -> bool) {
+    let start = Instant::now();
+    loop {
+        let mut live: Vec<(&str, &Signer)> = Vec::new();
+        for (name, signer) in replicas {
+            if !signer.metrics().is_empty() {
+                live.push((name, signer));
+            }
+        }
+        if done(&live) {
+            return;
+        }
+        if start.elapsed() > within {
+            let figures: Vec<String> = replicas
+                .iter()
+                .map(|(n, s)| format!("{n}: Ready {} members {}", ready(s), members(s)))
+                .collect();
+            panic!(
+                "{what}: not within {within:?} ({figures:?})\nlog:\n{}",
+                replicas[0].1.log()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The replica whose latest `ShardAcquired` Event on the Cluster names it.
+async fn owner(management: &Client, w: &Workload) -> Option<String> {
+    let api: Api<Event> = Api::namespaced(management.clone(), &w.namespace);
+    let events = api.list(&Default::default()).await.ok()?;
+    let latest = events
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ShardAcquired")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(w.cluster.as_str())
+        })
+        .max_by_key(|e| {
+            e.series
+                .as_ref()
+                .map(|s| s.last_observed_time.0)
+                .or(e.event_time.as_ref().map(|t| t.0))
+        })?;
+    let note = latest.note.unwrap_or_default();
+    REPLICAS
+        .iter()
+        .find(|r| note.contains(&format!("signer replica {} serves", member(r))))
+        .map(|r| (*r).to_owned())
+}
+
+async fn owner_within(management: &Client, w: &Workload, within: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(owner) = owner(management, w).await {
+            return owner;
+        }
+        assert!(start.elapsed() < within, "no ShardAcquired Event on {}", w.cluster);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice() {
+    let management_env = Envtest::start("envtest_sharding (management)");
+    let beta_env = Envtest::start("envtest_sharding (beta)");
+    let quiet_env = Envtest::start("envtest_sharding (quiet)");
+    management_env.install_capi_crds();
+    let management = live::client(&management_env.admin_kubeconfig).await;
+    let alpha = Workload::register(management_env, &management, "team-a", "alpha", "insecure").await;
+    let beta = Workload::register(beta_env, &management, "team-b", "beta", "insecure").await;
+    let _quiet = Workload::register(quiet_env, &management, "quiet", "quiet-0", "insecure").await;
+    let kubeconfig = live::get(
+        &management,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "quiet-0-kubeconfig", "namespace": "quiet"}}),
+    )
+    .await;
+    for i in 1..QUIET {
+        // Each its own CA (a shared one is refused), all watching the quiet apiserver.
+        let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
+        let mut cluster = capi::cluster("insecure");
+        cluster["metadata"]["name"] = json!(format!("quiet-{i}"));
+        cluster["metadata"]["namespace"] = json!("quiet");
+        apply(&management, &cluster).await;
+        let mut secret = kubeconfig.clone();
+        secret["metadata"] = json!({"name": format!("quiet-{i}-kubeconfig"), "namespace": "quiet"});
+        apply(&management, &secret).await;
+        apply(
+            &management,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("quiet-{i}-ca"), "namespace": "quiet"},
+                    "stringData": {"tls.crt": String::from_utf8_lossy(&ca.cert_pem), "tls.key": String::from_utf8_lossy(&ca.key_pem)}}),
+        )
+        .await;
+    }
+    for w in [&alpha, &beta] {
+        for prefix in ["m", "late", "back", "race"] {
+            for i in 0..4 {
+                let name = format!("{prefix}-{i}");
+                w.add_machine(&management, &name, &pid(&w.cluster, &name)).await;
+            }
+        }
+    }
+    let ledger: Arc<Mutex<Ledger>> = Arc::default();
+    let plan: Mutex<HashMap<(String, String), String>> = Mutex::default();
+    let watches = [watch_csrs(&ledger, &alpha), watch_csrs(&ledger, &beta)];
+
+    let mut replicas: Vec<(&str, Signer)> = Vec::new();
+    for name in REPLICAS {
+        let flags = ["--coordination", "shard", "--replica-name", name];
+        replicas.push((name, Signer::start(Path::new(SIGNER_BIN), &alpha.env, &flags).await));
+    }
+
+    // Every replica serves some; the sum is the fleet.
+    until(
+        "three members, each serving some, summing to the fleet",
+        &replicas,
+        Duration::from_secs(60),
+        |live| {
+            live.len() == 3
+                && live.iter().all(|(_, s)| members(s) == 3.0 && ready(s) > 0.0)
+                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
+        },
+    )
+    .await;
+    for (_, s) in &replicas {
+        let text = s.metrics();
+        assert_eq!(
+            metric(&text, "node_attestation_shard_clusters_owned "),
+            ready(s),
+            "owned = served"
+        );
+        assert_eq!(metric(&text, "node_attestation_leader "), 0.0, "no leader when sharded");
+    }
+
+    // Both loaded clusters sign.
+    for w in [&alpha, &beta] {
+        for i in 0..4 {
+            file(w, &plan, &format!("m-{i}"), &format!("m-{i}")).await;
+        }
+    }
+    for w in [&alpha, &beta] {
+        for i in 0..4 {
+            let state = wait_final(&w.admin, &format!("m-{i}"), false, Duration::from_secs(40)).await;
+            assert!(
+                matches!(state, Final::Issued(_)),
+                "{} m-{i}: {state:?}\n{}",
+                w.cluster,
+                replicas[0].1.log()
+            );
+        }
+    }
+
+    // SIGKILL the replica serving alpha: no Lease deleted, no goodbye. Its clusters move.
+    let victim = owner_within(&management, &alpha, Duration::from_secs(10)).await;
+    let index = replicas.iter().position(|(n, _)| *n == victim).unwrap();
+    replicas[index].1.kill();
+    let killed = Instant::now();
+    for i in 0..4 {
+        file(&alpha, &plan, &format!("late-{i}"), &format!("late-{i}")).await;
+    }
+    for i in 0..4 {
+        let state = wait_final(&alpha.admin, &format!("late-{i}"), false, LEASE + SLACK).await;
+        assert!(
+            matches!(state, Final::Issued(_)),
+            "late-{i} after replica {victim} was killed: {state:?} after {:?}\n{}",
+            killed.elapsed(),
+            replicas[0].1.log()
+        );
+    }
+    let moved_in = killed.elapsed();
+    assert!(moved_in < LEASE + SLACK, "{moved_in:?}");
+    until(
+        "the survivors re-count the fleet",
+        &replicas,
+        Duration::from_secs(10),
+        |live| {
+            live.len() == 2
+                && live.iter().all(|(_, s)| members(s) == 2.0)
+                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
+        },
+    )
+    .await;
+    let new_owner = owner_within(&management, &alpha, Duration::from_secs(10)).await;
+    assert_ne!(new_owner, victim, "alpha's ShardAcquired Event names its new replica");
+
+    // The killed replica comes back under its name and takes its share again; CSRs filed
+    // during that hand-over are issued once.
+    replicas[index].1.restart();
+    for i in 0..4 {
+        file(&alpha, &plan, &format!("back-{i}"), &format!("back-{i}")).await;
+        file(&beta, &plan, &format!("back-{i}"), &format!("back-{i}")).await;
+    }
+    until(
+        "three members again, each serving some",
+        &replicas,
+        Duration::from_secs(30),
+        |live| {
+            live.len() == 3
+                && live.iter().all(|(_, s)| members(s) == 3.0 && ready(s) > 0.0)
+                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
+        },
+    )
+    .await;
+    for w in [&alpha, &beta] {
+        for i in 0..4 {
+            let state = wait_final(&w.admin, &format!("back-{i}"), false, Duration::from_secs(40)).await;
+            assert!(matches!(state, Final::Issued(_)), "{} back-{i}: {state:?}", w.cluster);
+        }
+    }
+    let handovers = |s: &Signer, direction: &str| {
+        metric(
+            &s.metrics(),
+            &format!("node_attestation_shard_handovers_total{{direction=\"{direction}\"}}"),
+        )
+    };
+    assert!(
+        replicas.iter().any(|(_, s)| handovers(s, "released") > 0.0),
+        "the survivors released the returning replica's share"
+    );
+
+    // The overlap a hand-over can leave, made permanent: a process serving every Cluster
+    // beside the shard. Two CSRs per Machine, each possibly handled by both processes: one
+    // certificate per Machine, the other CSR denied or failed.
+    let mut overlap = vec![(
+        "everything",
+        Signer::start(Path::new(SIGNER_BIN), &alpha.env, &["--leader-elect=false"]).await,
+    )];
+    until(
+        "the overlapping process serves every Cluster",
+        &overlap,
+        Duration::from_secs(30),
+        |live| live.len() == 1 && ready(live[0].1) == FLEET,
+    )
+    .await;
+    for w in [&alpha, &beta] {
+        let races = (0..4).flat_map(|i| {
+            let machine = format!("race-{i}");
+            ["x", "y"].map(|side| {
+                let (csr, machine) = (format!("race-{i}-{side}"), machine.clone());
+                let plan = &plan;
+                async move { file(w, plan, &csr, &machine).await }
+            })
+        });
+        futures::future::join_all(races).await;
+    }
+    for w in [&alpha, &beta] {
+        for i in 0..4 {
+            let x = wait_final(&w.admin, &format!("race-{i}-x"), false, Duration::from_secs(40)).await;
+            let y = wait_final(&w.admin, &format!("race-{i}-y"), false, Duration::from_secs(40)).await;
+            let issued = [&x, &y].iter().filter(|s| matches!(s, Final::Issued(_))).count();
+            assert_eq!(issued, 1, "{} race-{i}: {x:?} / {y:?}", w.cluster);
+            for loser in [&x, &y].into_iter().filter(|s| !matches!(s, Final::Issued(_))) {
+                assert_eq!(loser.reason(), Some("MachineAlreadyClaimed"), "{loser:?}");
+            }
+        }
+    }
+    overlap[0].1.kill();
+
+    // SIGTERM: the replica deletes its Lease, and the others take its clusters at once rather
+    // than after the Lease duration.
+    let (name, leaving) = &mut replicas[0];
+    let lease = member(name);
+    leaving.terminate();
+    let terminated = Instant::now();
+    let out = alpha
+        .env
+        .kubectl(&["get", "lease", &lease, "-n", "node-attestation-system"]);
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "{lease} is still there after SIGTERM"
+    );
+    until(
+        "the others take a terminated replica's share at once",
+        &replicas,
+        LEASE / 2,
+        |live| {
+            live.len() == 2
+                && live.iter().all(|(_, s)| members(s) == 2.0)
+                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
+        },
+    )
+    .await;
+    let handed_over_in = terminated.elapsed();
+
+    // Nothing signed twice, across every kill, hand-over and overlap.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for watch in watches {
+        watch.abort();
+    }
+    let ledger = std::mem::take(&mut *ledger.lock().unwrap());
+    assert!(
+        ledger.rewritten.is_empty(),
+        "certificates written twice: {:?}",
+        ledger.rewritten
+    );
+    let plan = std::mem::take(&mut *plan.lock().unwrap());
+    let mut per_machine: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (cluster, csr) in ledger.issued.keys() {
+        let machine = plan
+            .get(&(cluster.clone(), csr.clone()))
+            .unwrap_or_else(|| panic!("{cluster}/{csr} was not filed by this test"));
+        per_machine
+            .entry((cluster.clone(), machine.clone()))
+            .or_default()
+            .push(csr.clone());
+    }
+    for (machine, csrs) in &per_machine {
+        assert_eq!(csrs.len(), 1, "{machine:?} got certificates from {csrs:?}");
+    }
+    // 4 Machines per prefix and cluster (m, back, race on both; late on alpha).
+    assert_eq!(per_machine.len(), 4 * 3 * 2 + 4, "{per_machine:?}");
+    for ((cluster, machine), csrs) in &per_machine {
+        let w = if *cluster == alpha.cluster { &alpha } else { &beta };
+        let m = live::get(&management, &w.own(capi::machine(machine, None))).await;
+        let claim: Value = serde_json::from_str(
+            m["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let csr = Api::<CertificateSigningRequest>::all(w.admin.clone())
+            .get(&csrs[0])
+            .await
+            .unwrap();
+        assert_eq!(
+            claim["csrUID"].as_str(),
+            csr.metadata.uid.as_deref(),
+            "{cluster}/{machine} is claimed by the one CSR that was signed"
+        );
+    }
+    eprintln!("hand-over after SIGKILL: CSRs issued {moved_in:?} after the kill; after SIGTERM: {handed_over_in:?}");
+}
