@@ -302,14 +302,18 @@ impl NodeView {
 }
 
 /// Everything a Cluster's namespace holds that the rules consult.
+///
+/// The views are shared (`Arc`), not owned: the controller hands every decision the views its
+/// watch caches hold, and copying a 500-Machine cluster's views for each of its 500 CSRs made
+/// a scale-up quadratic.
 #[derive(Debug, Clone, Default)]
 pub struct Inventory {
     /// Machines of the Cluster (spec.clusterName matches).
-    pub machines: Vec<MachineView>,
+    pub machines: Vec<std::sync::Arc<MachineView>>,
     /// MachinePools of the Cluster.
-    pub pools: Vec<MachinePoolView>,
+    pub pools: Vec<std::sync::Arc<MachinePoolView>>,
     /// KubeadmConfigs in the Cluster's namespace.
-    pub kubeadm_configs: Vec<KubeadmConfigView>,
+    pub kubeadm_configs: Vec<std::sync::Arc<KubeadmConfigView>>,
 }
 
 impl MachineView {

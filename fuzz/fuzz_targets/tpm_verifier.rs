@@ -43,7 +43,7 @@ fn fixture() -> &'static Fixture {
             "status": {"initialization": {"bootstrapDataSecretCreated": true}}
         });
         let inventory = Inventory {
-            machines: vec![MachineView::from_object(&machine).expect("Machine")],
+            machines: vec![MachineView::from_object(&machine).expect("Machine").into()],
             ..Inventory::default()
         };
         let verifiers = Verifiers::new().with(TpmVerifier::new(vec![7; 32]).expect("key"));

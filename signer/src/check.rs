@@ -117,16 +117,18 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     for path in &args.machines {
         for object in read_objects(path)? {
             match CapiObject::from_object(&object).with_context(|| format!("in {}", path.display()))? {
-                CapiObject::Machine(m) => inventory.machines.push(m),
-                CapiObject::MachinePool(p) => inventory.pools.push(p),
+                CapiObject::Machine(m) => inventory.machines.push(m.into()),
+                CapiObject::MachinePool(p) => inventory.pools.push(p.into()),
             }
         }
     }
     for path in &args.bootstrap_configs {
         for object in read_objects(path)? {
-            inventory
-                .kubeadm_configs
-                .push(KubeadmConfigView::from_object(&object).with_context(|| format!("in {}", path.display()))?);
+            inventory.kubeadm_configs.push(
+                KubeadmConfigView::from_object(&object)
+                    .with_context(|| format!("in {}", path.display()))?
+                    .into(),
+            );
         }
     }
     let mut nodes = Vec::new();
@@ -273,7 +275,7 @@ fn load_csr(args: &CheckArgs, inventory: &Inventory, assumptions: &mut Vec<Strin
         inventory
             .kubeadm_configs
             .iter()
-            .find_map(KubeadmConfigView::join_username)
+            .find_map(|c| c.join_username())
             .unwrap_or_else(|| "system:bootstrap:offline".to_owned())
     });
     let groups = if args.groups.is_empty() {

@@ -37,11 +37,15 @@ fn bench(c: &mut Criterion) {
         } else {
             format!("worker-{i}x")
         };
-        inventory
-            .machines
-            .push(MachineView::from_object(&capi::machine(&name, Some(&pid))).unwrap());
+        inventory.machines.push(
+            MachineView::from_object(&capi::machine(&name, Some(&pid)))
+                .unwrap()
+                .into(),
+        );
         inventory.kubeadm_configs.push(
-            KubeadmConfigView::from_object(&capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2")).unwrap(),
+            KubeadmConfigView::from_object(&capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2"))
+                .unwrap()
+                .into(),
         );
     }
     let nodes: Vec<NodeView> = Vec::new();

@@ -80,13 +80,15 @@ impl World {
             machines: self
                 .machines
                 .iter()
-                .map(|m| MachineView::from_object(m).unwrap())
+                .map(|m| MachineView::from_object(m).unwrap().into())
                 .collect(),
             kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
                 .iter()
                 .zip(["abcdef", "ghijkl"])
                 .map(|(name, token)| {
-                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2")).unwrap()
+                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2"))
+                        .unwrap()
+                        .into()
                 })
                 .collect(),
             ..Inventory::default()

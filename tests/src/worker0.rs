@@ -34,11 +34,16 @@ impl Worker0 {
         Self {
             cluster: ClusterView::from_object(&capi::cluster(attestors)).expect("fixture Cluster"),
             inventory: Inventory {
-                machines: vec![MachineView::from_object(&capi::machine("worker-0", Some(PID))).expect("fixture")],
+                machines: vec![
+                    MachineView::from_object(&capi::machine("worker-0", Some(PID)))
+                        .expect("fixture")
+                        .into(),
+                ],
                 pools: Vec::new(),
                 kubeadm_configs: vec![
                     KubeadmConfigView::from_object(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2"))
-                        .expect("fixture"),
+                        .expect("fixture")
+                        .into(),
                 ],
             },
             nodes: Vec::new(),

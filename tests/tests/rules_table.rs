@@ -176,14 +176,14 @@ impl Scenario {
         let mut inventory = Inventory::default();
         for m in &self.machines {
             match m["kind"].as_str() {
-                Some("MachinePool") => inventory.pools.push(MachinePoolView::from_object(m).unwrap()),
-                _ => inventory.machines.push(MachineView::from_object(m).unwrap()),
+                Some("MachinePool") => inventory.pools.push(MachinePoolView::from_object(m).unwrap().into()),
+                _ => inventory.machines.push(MachineView::from_object(m).unwrap().into()),
             }
         }
         inventory.kubeadm_configs = self
             .configs
             .iter()
-            .map(|c| KubeadmConfigView::from_object(c).unwrap())
+            .map(|c| KubeadmConfigView::from_object(c).unwrap().into())
             .collect();
         let nodes: Vec<NodeView> = self.nodes.iter().map(|n| NodeView::from_object(n).unwrap()).collect();
         let calls = Arc::new(AtomicUsize::new(0));

@@ -577,12 +577,14 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
         .inventory
         .machines
         .iter()
+        .map(AsRef::as_ref)
         .filter(|m| ours(&m.name, &m.namespace, &m.cluster_name))
         .collect();
     let pools: Vec<&MachinePoolView> = inputs
         .inventory
         .pools
         .iter()
+        .map(AsRef::as_ref)
         .filter(|p| ours(&p.name, &p.namespace, &p.cluster_name))
         .collect();
 

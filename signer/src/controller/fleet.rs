@@ -367,7 +367,7 @@ impl Fleet {
             .await
             .map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
         config.connect_timeout = Some(self.shared.settings.request_timeout);
-        let client = Client::try_from(config).map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
+        let client = super::client::build(config).map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
         let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         for part in [kubeconfig.as_slice(), &ca_cert, &ca_key] {
             hasher.update(&(part.len() as u64).to_be_bytes());

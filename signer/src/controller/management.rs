@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
-    views: RwLock<HashMap<String, V>>,
+    views: RwLock<HashMap<String, Arc<V>>>,
     synced: RwLock<bool>,
     changed: Notify,
 }
@@ -35,12 +35,21 @@ impl<V: Clone> ViewCache<V> {
 
     /// Every view matching `keep`.
     pub fn select(&self, keep: impl Fn(&V) -> bool) -> Vec<V> {
+        read(&self.views)
+            .values()
+            .filter(|v| keep(v))
+            .map(|v| V::clone(v))
+            .collect()
+    }
+
+    /// Every view matching `keep`, shared with the cache (no copy).
+    pub fn select_shared(&self, keep: impl Fn(&V) -> bool) -> Vec<Arc<V>> {
         read(&self.views).values().filter(|v| keep(v)).cloned().collect()
     }
 
     /// The view of `namespace/name`.
     pub fn get(&self, key: &str) -> Option<V> {
-        read(&self.views).get(key).cloned()
+        read(&self.views).get(key).map(|v| V::clone(v))
     }
 
     /// True once the first list completed.
@@ -93,7 +102,7 @@ where
                 }
             }
         };
-        let mut buffer: Option<HashMap<String, V>> = None;
+        let mut buffer: Option<HashMap<String, Arc<V>>> = None;
         let mut events = watcher(api, watcher::Config::default()).boxed();
         let mut backoff = Backoff::default();
         while let Some(event) = events.next().await {
@@ -101,7 +110,7 @@ where
                 Ok(watcher::Event::Init) => buffer = Some(HashMap::new()),
                 Ok(watcher::Event::InitApply(object)) => {
                     if let (Some(buffer), Some(v)) = (buffer.as_mut(), to_view(&object)) {
-                        buffer.insert(key_of(&object), v);
+                        buffer.insert(key_of(&object), Arc::new(v));
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -115,7 +124,7 @@ where
                 Ok(watcher::Event::Apply(object)) => {
                     let key = key_of(&object);
                     match to_view(&object) {
-                        Some(v) => write(&feed.views).insert(key, v),
+                        Some(v) => write(&feed.views).insert(key, Arc::new(v)),
                         None => write(&feed.views).remove(&key),
                     };
                     feed.changed.notify_waiters();
@@ -262,9 +271,9 @@ impl Management {
     pub fn inventory(&self, cluster: &ClusterView) -> Inventory {
         let ours = |ns: &str, name: &str| ns == cluster.namespace && name == cluster.name;
         Inventory {
-            machines: self.machines.select(|m| ours(&m.namespace, &m.cluster_name)),
-            pools: self.pools.select(|p| ours(&p.namespace, &p.cluster_name)),
-            kubeadm_configs: self.configs.select(|c| c.namespace == cluster.namespace),
+            machines: self.machines.select_shared(|m| ours(&m.namespace, &m.cluster_name)),
+            pools: self.pools.select_shared(|p| ours(&p.namespace, &p.cluster_name)),
+            kubeadm_configs: self.configs.select_shared(|c| c.namespace == cluster.namespace),
         }
     }
 
@@ -351,6 +360,10 @@ pub enum ApplyError {
     /// The object is gone (404).
     #[error("not found: {0}")]
     NotFound(String),
+    /// The apiserver is overloaded or did not answer (429, 5xx, timeout, connection):
+    /// retried with backoff, and the fleet keeps fewer CSRs in flight.
+    #[error("{0}")]
+    Overloaded(String),
     /// Anything else: retried with backoff.
     #[error("{0}")]
     Transient(String),
@@ -362,7 +375,16 @@ impl ApplyError {
         match error {
             kube::Error::Api(status) if status.code == 409 => Self::Conflict(status.message),
             kube::Error::Api(status) if status.code == 404 => Self::NotFound(status.message),
+            kube::Error::Api(ref status) if status.code == 429 || status.code >= 500 => {
+                Self::Overloaded(error.to_string())
+            }
+            kube::Error::HyperError(_) | kube::Error::Service(_) => Self::Overloaded(error.to_string()),
             other => Self::Transient(other.to_string()),
         }
+    }
+
+    /// True for answers that say "fewer at once".
+    pub fn is_overload(&self) -> bool {
+        matches!(self, Self::Overloaded(_))
     }
 }

@@ -14,8 +14,11 @@
 //! inputs and applies their results.
 
 pub mod challenge_key;
+pub mod client;
+pub mod events;
 pub mod fleet;
 pub mod http;
+pub mod inflight;
 pub mod management;
 pub mod membership;
 pub mod metrics;
@@ -107,8 +110,9 @@ pub struct RunArgs {
     /// Most CSR names queued per cluster; more are picked up at the next resync.
     #[arg(long, env = "SIGNER_QUEUE_CAPACITY", default_value_t = 1000)]
     pub queue_capacity: usize,
-    /// CSRs of one cluster processed at once.
-    #[arg(long, env = "SIGNER_CONCURRENCY_PER_CLUSTER", default_value_t = 4)]
+    /// Most CSRs of one cluster in flight at once. The fleet's limit, adapted to how the
+    /// apiservers answer, applies on top and is shared among busy clusters in turn.
+    #[arg(long, env = "SIGNER_CONCURRENCY_PER_CLUSTER", default_value_t = 64)]
     pub concurrency_per_cluster: usize,
     /// Timeout of workload-cluster requests.
     #[arg(long, env = "SIGNER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -195,7 +199,7 @@ async fn management_client(args: &RunArgs) -> Result<Client> {
             .await
             .context("no management cluster: not in a Pod and no kubeconfig (use --kubeconfig)")?,
     };
-    Client::try_from(config).context("cannot build the management client")
+    client::build(config).context("cannot build the management client")
 }
 
 /// SIGTERM (what the kubelet sends) or SIGINT.
@@ -316,16 +320,19 @@ async fn serve(args: &RunArgs) -> Result<()> {
         args.tpm_challenge_ttl,
     )?;
     let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "node-attestation-signer".to_owned(),
+            instance: Some(identity),
+        },
+    );
     let shared = Arc::new(workload::Shared {
         management,
         metrics: metrics.clone(),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "node-attestation-signer".to_owned(),
-                instance: Some(identity),
-            },
-        ),
+        events: events::EventSink::start(recorder.clone(), events::Budget::default()),
+        recorder,
+        in_flight: inflight::InFlight::new(inflight::Tuning::default()),
         verifiers,
         challenge_key,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),

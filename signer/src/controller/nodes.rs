@@ -6,6 +6,12 @@
 //! every decision, so each worker keeps this index from one Node watch. Only two strings per
 //! Node are kept; the watch's objects are dropped as they arrive.
 //!
+//! Lookups by name come from the same index: the watch is already paid for, and a
+//! GET per decision was one of the five round trips of every join. The index trails the
+//! apiserver by the watch's delivery delay (milliseconds); a GET made before deciding was no
+//! fresher at the moment of signing, which comes later still. What makes two identities for one
+//! node impossible is the claim (precondition and re-check), not the Node lookup.
+//!
 //! Until the first list completes, and after the watch fails, lookups answer
 //! [`NodeLookup::Unavailable`]: the rule engine then holds initial requests instead of
 //! guessing that no Node exists.
@@ -13,8 +19,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::RwLock;
 
-use attestation::NodeLookup;
 use attestation::machine::NodeView;
+use attestation::{NodeDirectory, NodeLookup};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
@@ -97,6 +103,26 @@ impl NodeIndex {
         }
     }
 
+    /// The Node called `name`.
+    pub fn with_name(&self, name: &str) -> NodeLookup {
+        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !state.live {
+            return NodeLookup::Unavailable(
+                state
+                    .why_not
+                    .clone()
+                    .unwrap_or_else(|| "the workload cluster's Nodes are not listed yet".to_owned()),
+            );
+        }
+        match state.by_name.get(name) {
+            Some(provider_id) => NodeLookup::Found(NodeView {
+                name: name.to_owned(),
+                provider_id: provider_id.clone(),
+            }),
+            None => NodeLookup::Absent,
+        }
+    }
+
     /// Number of Nodes indexed.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -159,6 +185,16 @@ impl NodeIndex {
     }
 }
 
+impl NodeDirectory for NodeIndex {
+    fn node(&self, name: &str) -> NodeLookup {
+        self.with_name(name)
+    }
+
+    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
+        self.with_provider_id(provider_id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +222,14 @@ mod tests {
         index.apply(watcher::Event::InitDone);
         assert!(matches!(index.with_provider_id("p-1"), NodeLookup::Found(ref n) if n.name == "a"));
         assert_eq!(index.with_provider_id("p-2"), NodeLookup::Absent);
+        assert_eq!(
+            index.with_name("a"),
+            NodeLookup::Found(NodeView {
+                name: "a".into(),
+                provider_id: Some("p-1".into())
+            })
+        );
+        assert_eq!(index.with_name("z"), NodeLookup::Absent);
 
         // A Node whose provider ID changes, one deleted, one added.
         index.apply(watcher::Event::Apply(node("a", Some("p-2"))));
@@ -204,5 +248,6 @@ mod tests {
         assert!(matches!(index.with_provider_id("p-3"), NodeLookup::Found(_)));
         index.failed("gone".into());
         assert_eq!(index.with_provider_id("p-3"), NodeLookup::Unavailable("gone".into()));
+        assert_eq!(index.with_name("c"), NodeLookup::Unavailable("gone".into()));
     }
 }

@@ -16,12 +16,12 @@ use attestation::attestor::Verifiers;
 use attestation::ca::{ClusterCa, Validity};
 use attestation::claim::ClaimState;
 use attestation::decision::{CsrKind, Decision, DenyReason, Issuance, Outcome};
-use attestation::machine::{ClusterView, NodeView, TargetRef};
+use attestation::machine::{ClusterView, TargetRef};
 use attestation::names::{GROUP_NODES, NODE_USER_PREFIX};
-use attestation::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup};
+use attestation::{Clock, CsrObject, Inputs};
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -34,6 +34,8 @@ use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use super::events::{EventSink, Report};
+use super::inflight::{Answer, InFlight};
 use super::management::{ApplyError, Backoff, Management};
 use super::metrics::{ClusterState, DecisionLabels, Metrics};
 use super::nodes::NodeIndex;
@@ -76,7 +78,7 @@ pub struct Settings {
     pub resync: Duration,
     /// Bound of each cluster's queue.
     pub queue_capacity: usize,
-    /// CSRs of one cluster processed at once.
+    /// Most CSRs of one cluster in flight at once (the fleet's adaptive limit applies on top).
     pub concurrency: usize,
     /// Timeout of each workload-cluster request.
     pub request_timeout: Duration,
@@ -88,14 +90,17 @@ pub struct Shared {
     pub management: Arc<Management>,
     /// Metrics.
     pub metrics: Metrics,
-    /// Events in the management cluster (on Machines, MachinePools, Clusters).
+    /// Events in the management cluster written at once (cluster duties of the fleet).
     pub recorder: Recorder,
+    /// Events of decisions and cluster duties: queued, rate-limited, folded under load.
+    pub events: EventSink,
+    /// The fleet's slots for CSRs in flight, adapted to how the apiservers answer.
+    pub in_flight: Arc<InFlight>,
     /// Attestation verifiers.
     pub verifiers: Verifiers,
     /// Loads the `tpm/v1` challenge key the verifiers derive under, when a TPM CSR needs it.
     pub challenge_key: Arc<super::challenge_key::ChallengeKeyLoader>,
-    /// Decisions (the CPU-bound part) across all clusters. Tokio's semaphore is FIFO, so
-    /// clusters take turns: a flooded cluster waits behind one CSR of each other cluster.
+    /// Decisions (the CPU-bound part) across all clusters, as many at once as cores.
     pub crypto: Semaphore,
     /// Tunables.
     pub settings: Settings,
@@ -105,6 +110,8 @@ pub struct Shared {
 pub struct Worker {
     /// `<namespace>/<name>` of the Cluster.
     pub key: String,
+    /// The same, shared with the fleet's slot queue.
+    turn: Arc<str>,
     cluster_ref: ObjectReference,
     client: Client,
     ca: Result<Arc<ClusterCa>, String>,
@@ -152,29 +159,6 @@ fn needs_us(csr: &CertificateSigningRequest) -> bool {
         // The workload cluster's kube-controller-manager signs approved serving CSRs.
         Some(CsrKind::KubeletServing) => stage(csr) == Stage::Pending,
         None => false,
-    }
-}
-
-/// The one Node a decision looks at by name, fetched before deciding (fresh from the
-/// apiserver: a Node registered a moment ago counts), and the worker's Node index for lookups
-/// by provider ID.
-struct OneNode<'a> {
-    name: String,
-    lookup: NodeLookup,
-    index: &'a NodeIndex,
-}
-
-impl NodeDirectory for OneNode<'_> {
-    fn node(&self, name: &str) -> NodeLookup {
-        if name == self.name {
-            self.lookup.clone()
-        } else {
-            NodeLookup::Unavailable(format!("Node {name} was not fetched"))
-        }
-    }
-
-    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
-        self.index.with_provider_id(provider_id)
     }
 }
 
@@ -227,8 +211,10 @@ impl Worker {
     ) -> Arc<Self> {
         let (csrs, writer) = reflector::store();
         let capacity = shared.settings.queue_capacity;
+        let key = format!("{}/{}", cluster.namespace, cluster.name);
         Arc::new(Self {
-            key: format!("{}/{}", cluster.namespace, cluster.name),
+            turn: Arc::from(key.as_str()),
+            key,
             cluster_ref: cluster_reference(cluster),
             client,
             ca,
@@ -270,9 +256,7 @@ impl Worker {
                 let worker = Arc::clone(&self);
                 async move { worker.nodes.watch(worker.client.clone()).await }.in_current_span()
             });
-            for _ in 0..self.shared.settings.concurrency.max(1) {
-                tasks.spawn(Arc::clone(&self).process_loop().in_current_span());
-            }
+            tasks.spawn(Arc::clone(&self).dispatch_loop().in_current_span());
             self.watch().await;
             tasks.shutdown().await;
         }
@@ -292,7 +276,7 @@ impl Worker {
         };
         let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
         let mut events = watcher(api, watcher::Config::default())
-            .modify(|csr| csr.managed_fields_mut().clear())
+            .modify(slim)
             .reflect(writer)
             .boxed();
         let mut backoff = Backoff::default();
@@ -341,11 +325,31 @@ impl Worker {
         }
     }
 
-    async fn process_loop(self: Arc<Self>) {
+    /// Takes CSR names from the queue and works on each in its own task, once this cluster
+    /// is under `--concurrency-per-cluster` and the fleet has a slot. An idle cluster costs
+    /// this one task; a busy one waits for at most one slot at a time, so the fleet's slots go
+    /// round the busy clusters whatever their queue lengths.
+    async fn dispatch_loop(self: Arc<Self>) {
+        let per_cluster = Arc::new(Semaphore::new(self.shared.settings.concurrency.max(1)));
+        let mut running = tokio::task::JoinSet::new();
         while let Some(name) = self.queue.pop().await {
-            let span = tracing::info_span!("csr", csr = %name, machine = tracing::field::Empty);
-            self.process(&name).instrument(span).await;
-            self.queue.done(&name);
+            let Ok(own) = Arc::clone(&per_cluster).acquire_owned().await else {
+                break;
+            };
+            let mut slot = self.shared.in_flight.acquire(&self.turn).await;
+            let worker = Arc::clone(&self);
+            running.spawn(
+                async move {
+                    let span = tracing::info_span!("csr", csr = %name, machine = tracing::field::Empty);
+                    let answer = worker.process(&name).instrument(span).await;
+                    slot.answer(answer);
+                    drop(slot);
+                    drop(own);
+                    worker.queue.done(&name);
+                }
+                .in_current_span(),
+            );
+            while running.try_join_next().is_some() {}
         }
     }
 
@@ -362,15 +366,16 @@ impl Worker {
         self.queue.push_after(csr.name_any(), delay);
     }
 
-    async fn process(&self, name: &str) {
+    /// Decides `name` and applies the decision; says how the apiservers answered.
+    async fn process(&self, name: &str) -> Answer {
         let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
-            return;
+            return Answer::Idle;
         };
         if !needs_us(&csr) {
-            return;
+            return Answer::Idle;
         }
         let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
-            return;
+            return Answer::Idle;
         };
         if csr.spec.signer_name == attestation::names::SIGNER_TPM
             && let Err(failure) = self.shared.challenge_key.ensure().await
@@ -386,14 +391,12 @@ impl Worker {
                 due
             };
             if due {
-                self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message)
-                    .await;
+                self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message);
             }
         }
         let now = OffsetDateTime::now_utc();
         let object = csr_object(&csr);
         let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
-        let nodes = self.lookup_node(&object).await;
         let inventory = self.shared.management.inventory(&cluster);
         let decision = {
             let _turn = self.shared.crypto.acquire().await;
@@ -401,7 +404,7 @@ impl Worker {
                 csr: &object,
                 cluster: &cluster,
                 inventory: &inventory,
-                nodes: &nodes,
+                nodes: &self.nodes,
                 csrs: &StoreCsrs(&self.csrs),
                 verifiers: &self.shared.verifiers,
                 clock: Clock {
@@ -412,7 +415,7 @@ impl Worker {
             };
             match attestation::decide(&inputs) {
                 Ok(decision) => decision,
-                Err(_) => return,
+                Err(_) => return Answer::Idle,
             }
         };
         if let Some(target) = &decision.target {
@@ -449,44 +452,21 @@ impl Worker {
             _ => Ok(()),
         };
         match result {
-            Ok(()) => {}
+            Ok(()) => Answer::Answered,
             Err(ApplyError::Conflict(why)) => {
                 tracing::debug!(%why, "conflict; deciding again on fresh state");
                 self.queue.push_after(name.to_owned(), Duration::from_millis(100));
+                Answer::Answered
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not apply the decision; retrying");
                 self.retry(&csr, &e.to_string());
+                if e.is_overload() {
+                    Answer::Overloaded
+                } else {
+                    Answer::Answered
+                }
             }
-        }
-    }
-
-    async fn lookup_node(&self, csr: &CsrObject) -> OneNode<'_> {
-        let Some(name) = attestation::requested_node_name(&csr.request) else {
-            return OneNode {
-                name: String::new(),
-                lookup: NodeLookup::Absent,
-                index: &self.nodes,
-            };
-        };
-        let api: Api<Node> = Api::all(self.client.clone());
-        let lookup = match tokio::time::timeout(self.shared.settings.request_timeout, api.get_opt(name.as_str())).await
-        {
-            Ok(Ok(Some(node))) => match serde_json::to_value(&node)
-                .ok()
-                .and_then(|v| NodeView::from_object(&v).ok())
-            {
-                Some(view) => NodeLookup::Found(view),
-                None => NodeLookup::Unavailable(format!("Node {name} does not read")),
-            },
-            Ok(Ok(None)) => NodeLookup::Absent,
-            Ok(Err(e)) => NodeLookup::Unavailable(format!("cannot read Node {name}: {e}")),
-            Err(_) => NodeLookup::Unavailable(format!("reading Node {name} timed out")),
-        };
-        OneNode {
-            name: name.as_str().to_owned(),
-            lookup,
-            index: &self.nodes,
         }
     }
 
@@ -543,7 +523,7 @@ impl Worker {
         tracing::info!(reason, message, "{what}");
         self.count(csr, condition_type, reason);
         let text = format!("CSR {name} {what} ({reason}): {message}");
-        self.event(decision, EventType::Warning, event_reason, &text).await;
+        self.event(decision, EventType::Warning, event_reason, &text);
         Ok(())
     }
 
@@ -579,8 +559,7 @@ impl Worker {
                 EventType::Normal,
                 "CSRApproved",
                 &format!("CSR {name} approved: {message}"),
-            )
-            .await;
+            );
             return Ok(());
         };
         let Some(target) = &decision.target else {
@@ -622,8 +601,7 @@ impl Worker {
                 "CSR {name} approved and signed until {}: {message}",
                 certificate.not_after
             ),
-        )
-        .await;
+        );
         Ok(())
     }
 
@@ -651,8 +629,7 @@ impl Worker {
             EventType::Normal,
             "CSRChallenged",
             &format!("CSR {name} challenged: {message}"),
-        )
-        .await;
+        );
         self.retry(csr, message);
         Ok(())
     }
@@ -714,12 +691,23 @@ impl Worker {
         })
     }
 
-    async fn event(&self, decision: &Decision, type_: EventType, reason: &str, text: &str) {
-        let reference = match &decision.target {
+    fn event(&self, decision: &Decision, type_: EventType, reason: &str, text: &str) {
+        let regarding = match &decision.target {
             Some(target) => self.target_reference(target),
             None => self.cluster_ref.clone(),
         };
-        publish(&self.shared.recorder, &reference, type_, reason, "Decide", text).await;
+        self.report(regarding, type_, reason, "Decide", text);
+    }
+
+    fn report(&self, regarding: ObjectReference, type_: EventType, reason: &str, action: &'static str, text: &str) {
+        self.shared.events.record(Report {
+            regarding,
+            cluster: self.cluster_ref.clone(),
+            type_,
+            reason: reason.to_owned(),
+            action,
+            note: note(text),
+        });
     }
 
     fn target_reference(&self, target: &TargetRef) -> ObjectReference {
@@ -770,8 +758,7 @@ impl Worker {
                                 "; removing it"
                             }
                         ),
-                    )
-                    .await;
+                    );
                     *reported = true;
                 }
                 if !keep {
@@ -783,8 +770,7 @@ impl Worker {
                                 EventType::Normal,
                                 "LegacyAutoapproveRemoved",
                                 &format!("removed ClusterRoleBinding {name} from the workload cluster"),
-                            )
-                            .await;
+                            );
                             *reported = false;
                         }
                         Err(e) => tracing::warn!(error = %e, "cannot remove {name}"),
@@ -799,16 +785,23 @@ impl Worker {
         }
     }
 
-    async fn cluster_event(&self, type_: EventType, reason: &str, text: &str) {
-        publish(
-            &self.shared.recorder,
-            &self.cluster_ref,
-            type_,
-            reason,
-            "Reconcile",
-            text,
-        )
-        .await;
+    fn cluster_event(&self, type_: EventType, reason: &str, text: &str) {
+        self.report(self.cluster_ref.clone(), type_, reason, "Reconcile", text);
+    }
+}
+
+/// What the watch cache keeps of a CSR. A decided CSR is only ever looked at for its stage,
+/// names and annotations (a TPM CSR #1 that is finished fails phase 2 before its request is
+/// read), so its request and certificate are dropped: 5,000 junk CSRs denied in a flood then
+/// cost their metadata, not their payloads, until kube-controller-manager's cleaner deletes
+/// them.
+fn slim(csr: &mut CertificateSigningRequest) {
+    csr.managed_fields_mut().clear();
+    if stage(csr) == Stage::Done {
+        csr.spec.request = k8s_openapi::ByteString(Vec::new());
+        if let Some(status) = csr.status.as_mut() {
+            status.certificate = None;
+        }
     }
 }
 

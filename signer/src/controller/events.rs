@@ -1,0 +1,318 @@
+//! Events without one write per decision under load.
+//!
+//! Every decision is worth an Event on its Machine (`kubectl describe machine` is where an
+//! operator looks first), but a scale-up of 500 nodes, or a flood of junk CSRs, would make them
+//! half the signer's writes and put them on the critical path of every join. So decisions hand
+//! their Events to an [`EventSink`] and go on; one task writes them, the way client-go's
+//! recorder does (a bounded queue, a token bucket, similar Events folded into one):
+//!
+//! - up to [`Budget::burst`] Events at once, then [`Budget::per_second`], are written as they
+//!   are, on their own object;
+//! - beyond that, Events are folded per Cluster, type and reason; every [`Budget::fold_period`]
+//!   each fold is written as one Event on the Cluster, with the count, the first few objects
+//!   and the last note ("`CertificateIssued` x 137 in 10s: Machines a, b, c, …");
+//! - the queue holds [`Budget::queue`] Events; beyond that they are dropped and counted, never
+//!   waited for. The CSR's conditions are the record; Events are the report.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{EventType, Recorder};
+use tokio::sync::mpsc;
+
+/// One Event a decision or a cluster duty reports.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The object it is about (a Machine, a MachinePool or the Cluster).
+    pub regarding: ObjectReference,
+    /// The Cluster, where folded Events go.
+    pub cluster: ObjectReference,
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// CamelCase reason.
+    pub reason: String,
+    /// What the signer was doing.
+    pub action: &'static str,
+    /// The text (already cut to the API's limit by the caller).
+    pub note: String,
+}
+
+/// How many Events are written as they are.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Events written at once before the rate applies.
+    pub burst: f64,
+    /// Events written per second after the burst.
+    pub per_second: f64,
+    /// How often folds are written.
+    pub fold_period: Duration,
+    /// Events waiting to be written; beyond it they are dropped.
+    pub queue: usize,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            burst: 25.0,
+            per_second: 5.0,
+            fold_period: Duration::from_secs(10),
+            queue: 1024,
+        }
+    }
+}
+
+/// Objects named in a folded Event's note.
+const FOLD_EXAMPLES: usize = 5;
+
+#[derive(Debug)]
+struct Fold {
+    cluster: ObjectReference,
+    type_: EventType,
+    reason: String,
+    count: u64,
+    examples: Vec<String>,
+    last_note: String,
+}
+
+/// The pure part: which Events are written as they are, which are folded, and the folds.
+#[derive(Debug)]
+pub struct Folder {
+    budget: Budget,
+    tokens: f64,
+    refilled: Instant,
+    folds: BTreeMap<(String, String, String), Fold>,
+}
+
+fn type_name(type_: EventType) -> &'static str {
+    match type_ {
+        EventType::Normal => "Normal",
+        EventType::Warning => "Warning",
+    }
+}
+
+impl Folder {
+    /// A folder with a full bucket at `now`.
+    pub fn new(budget: Budget, now: Instant) -> Self {
+        Self {
+            budget,
+            tokens: budget.burst,
+            refilled: now,
+            folds: BTreeMap::new(),
+        }
+    }
+
+    /// `Some(report)` to write now, `None` when it was folded.
+    pub fn offer(&mut self, report: Report, now: Instant) -> Option<Report> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.budget.per_second).min(self.budget.burst);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Some(report);
+        }
+        let key = (
+            report.cluster.uid.clone().unwrap_or_default(),
+            type_name(report.type_).to_owned(),
+            report.reason.clone(),
+        );
+        let fold = self.folds.entry(key).or_insert_with(|| Fold {
+            cluster: report.cluster.clone(),
+            type_: report.type_,
+            reason: report.reason.clone(),
+            count: 0,
+            examples: Vec::new(),
+            last_note: String::new(),
+        });
+        fold.count += 1;
+        if fold.examples.len() < FOLD_EXAMPLES {
+            let kind = report.regarding.kind.clone().unwrap_or_default();
+            let name = report.regarding.name.clone().unwrap_or_default();
+            fold.examples.push(format!("{kind} {name}"));
+        }
+        fold.last_note = report.note;
+        None
+    }
+
+    /// The folds since the last call, each as one Event on its Cluster.
+    pub fn flush(&mut self) -> Vec<Report> {
+        let period = humantime::format_duration(self.budget.fold_period);
+        std::mem::take(&mut self.folds)
+            .into_values()
+            .map(|fold| {
+                let more = if fold.count > fold.examples.len() as u64 {
+                    ", …"
+                } else {
+                    ""
+                };
+                let note = format!(
+                    "{} x {} within {period} (folded to spare the apiserver): {}{more}; last: {}",
+                    fold.reason,
+                    fold.count,
+                    fold.examples.join(", "),
+                    fold.last_note
+                );
+                Report {
+                    regarding: fold.cluster.clone(),
+                    cluster: fold.cluster,
+                    type_: fold.type_,
+                    reason: fold.reason,
+                    action: "Decide",
+                    note: attestation::identity::truncate(&note, 1000),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Takes Events from decisions without waiting, and writes them from one task.
+#[derive(Debug)]
+pub struct EventSink {
+    sender: mpsc::Sender<Report>,
+    dropped: AtomicU64,
+    folded: Arc<AtomicU64>,
+}
+
+impl EventSink {
+    /// Starts the writing task (it ends when the sink is dropped).
+    pub fn start(recorder: Recorder, budget: Budget) -> Self {
+        let (sender, receiver) = mpsc::channel(budget.queue.max(1));
+        let folded = Arc::new(AtomicU64::new(0));
+        tokio::spawn(write_loop(recorder, budget, receiver, Arc::clone(&folded)));
+        Self {
+            sender,
+            dropped: AtomicU64::new(0),
+            folded,
+        }
+    }
+
+    /// Queues `report`; never waits.
+    pub fn record(&self, report: Report) {
+        if self.sender.try_send(report).is_err() {
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped,
+                    "Event queue full; Events dropped (the CSR conditions still say everything)"
+                );
+            }
+        }
+    }
+
+    /// Events dropped and folded so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.dropped.load(Ordering::Relaxed),
+            self.folded.load(Ordering::Relaxed),
+        )
+    }
+}
+
+async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Receiver<Report>, folded: Arc<AtomicU64>) {
+    let mut folder = Folder::new(budget, Instant::now());
+    let mut tick = tokio::time::interval(budget.fold_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            report = receiver.recv() => {
+                let Some(report) = report else { break };
+                match folder.offer(report, Instant::now()) {
+                    Some(report) => write(&recorder, &report).await,
+                    None => {
+                        folded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                for report in folder.flush() {
+                    write(&recorder, &report).await;
+                }
+            }
+        }
+    }
+    for report in folder.flush() {
+        write(&recorder, &report).await;
+    }
+}
+
+async fn write(recorder: &Recorder, report: &Report) {
+    super::workload::publish(
+        recorder,
+        &report.regarding,
+        report.type_,
+        &report.reason,
+        report.action,
+        &report.note,
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reference(kind: &str, name: &str, uid: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some(kind.into()),
+            name: Some(name.into()),
+            uid: Some(uid.into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn issued(machine: usize, cluster: &str) -> Report {
+        Report {
+            regarding: reference("Machine", &format!("m-{machine}"), &format!("u-{machine}")),
+            cluster: reference("Cluster", cluster, cluster),
+            type_: EventType::Normal,
+            reason: "CertificateIssued".into(),
+            action: "Decide",
+            note: format!("CSR n-{machine} approved and signed"),
+        }
+    }
+
+    #[test]
+    fn a_burst_is_written_then_the_rest_is_folded_per_cluster_and_reason() {
+        let start = Instant::now();
+        let budget = Budget::default();
+        let mut folder = Folder::new(budget, start);
+        let written = (0..500)
+            .filter(|i| {
+                folder
+                    .offer(issued(*i, if i % 2 == 0 { "a" } else { "b" }), start)
+                    .is_some()
+            })
+            .count();
+        assert_eq!(written, 25, "the burst");
+        let folds = folder.flush();
+        assert_eq!(folds.len(), 2, "one per Cluster");
+        let a = folds.iter().find(|f| f.regarding.name.as_deref() == Some("a")).unwrap();
+        assert!(a.note.starts_with("CertificateIssued x 237 within 10s"), "{}", a.note);
+        assert!(a.note.contains("Machine m-26, Machine m-28"), "{}", a.note);
+        assert!(a.note.ends_with("last: CSR n-498 approved and signed"), "{}", a.note);
+        assert!(folder.flush().is_empty(), "a fold is written once");
+
+        // The bucket refills at the rate.
+        let later = start + Duration::from_secs(2);
+        let written = (0..20)
+            .filter(|i| folder.offer(issued(*i, "a"), later).is_some())
+            .count();
+        assert_eq!(written, 10);
+    }
+
+    #[tokio::test]
+    async fn recording_never_waits_and_counts_what_it_drops() {
+        let (sender, _receiver) = mpsc::channel(2);
+        let sink = EventSink {
+            sender,
+            dropped: AtomicU64::new(0),
+            folded: Arc::default(),
+        };
+        for i in 0..5 {
+            sink.record(issued(i, "a"));
+        }
+        assert_eq!(sink.counts(), (3, 0));
+    }
+}
