@@ -15,13 +15,15 @@
 //!   waited for. The CSR's conditions are the record; Events are the report.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{EventType, Recorder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
+
+use super::metrics::EventOutcomeLabels;
 
 /// One Event a decision or a cluster duty reports.
 #[derive(Debug, Clone)]
@@ -171,27 +173,37 @@ impl Folder {
 #[derive(Debug)]
 pub struct EventSink {
     sender: mpsc::Sender<Report>,
-    dropped: AtomicU64,
-    folded: Arc<AtomicU64>,
+    outcomes: Outcomes,
+}
+
+/// `node_attestation_events_total{outcome}`.
+#[derive(Debug, Clone)]
+struct Outcomes(Family<EventOutcomeLabels, Counter>);
+
+impl Outcomes {
+    /// Counts one `outcome`; the count before it.
+    fn count(&self, outcome: &str) -> u64 {
+        self.0
+            .get_or_create(&EventOutcomeLabels {
+                outcome: outcome.to_owned(),
+            })
+            .inc()
+    }
 }
 
 impl EventSink {
-    /// Starts the writing task (it ends when the sink is dropped).
-    pub fn start(recorder: Recorder, budget: Budget) -> Self {
+    /// Starts the writing task (it ends when the sink is dropped), counting into `outcomes`.
+    pub fn start(recorder: Recorder, budget: Budget, outcomes: Family<EventOutcomeLabels, Counter>) -> Self {
         let (sender, receiver) = mpsc::channel(budget.queue.max(1));
-        let folded = Arc::new(AtomicU64::new(0));
-        tokio::spawn(write_loop(recorder, budget, receiver, Arc::clone(&folded)));
-        Self {
-            sender,
-            dropped: AtomicU64::new(0),
-            folded,
-        }
+        let outcomes = Outcomes(outcomes);
+        tokio::spawn(write_loop(recorder, budget, receiver, outcomes.clone()));
+        Self { sender, outcomes }
     }
 
     /// Queues `report`; never waits.
     pub fn record(&self, report: Report) {
         if self.sender.try_send(report).is_err() {
-            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            let dropped = self.outcomes.count("dropped") + 1;
             if dropped.is_power_of_two() {
                 tracing::warn!(
                     dropped,
@@ -200,17 +212,9 @@ impl EventSink {
             }
         }
     }
-
-    /// Events dropped and folded so far.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.dropped.load(Ordering::Relaxed),
-            self.folded.load(Ordering::Relaxed),
-        )
-    }
 }
 
-async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Receiver<Report>, folded: Arc<AtomicU64>) {
+async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Receiver<Report>, outcomes: Outcomes) {
     let mut folder = Folder::new(budget, Instant::now());
     let mut tick = tokio::time::interval(budget.fold_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -219,15 +223,19 @@ async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Rece
             report = receiver.recv() => {
                 let Some(report) = report else { break };
                 match folder.offer(report, Instant::now()) {
-                    Some(report) => write(&recorder, &report).await,
+                    Some(report) => {
+                        write(&recorder, &report).await;
+                        outcomes.count("written");
+                    }
                     None => {
-                        folded.fetch_add(1, Ordering::Relaxed);
+                        outcomes.count("folded");
                     }
                 }
             }
             _ = tick.tick() => {
                 for report in folder.flush() {
                     write(&recorder, &report).await;
+                    outcomes.count("written");
                 }
             }
         }
@@ -307,12 +315,11 @@ mod tests {
         let (sender, _receiver) = mpsc::channel(2);
         let sink = EventSink {
             sender,
-            dropped: AtomicU64::new(0),
-            folded: Arc::default(),
+            outcomes: Outcomes(Family::default()),
         };
         for i in 0..5 {
             sink.record(issued(i, "a"));
         }
-        assert_eq!(sink.counts(), (3, 0));
+        assert_eq!(sink.outcomes.count("dropped"), 3, "three dropped before");
     }
 }

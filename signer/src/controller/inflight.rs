@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::metrics::InFlightGauges;
+
 /// The limiter's constants.
 #[derive(Debug, Clone, Copy)]
 pub struct Tuning {
@@ -143,6 +145,7 @@ struct State {
 #[derive(Debug)]
 pub struct InFlight {
     state: Mutex<State>,
+    gauges: InFlightGauges,
 }
 
 /// One unit of work in flight; dropping it frees the slot and reports how it went.
@@ -168,9 +171,10 @@ impl Drop for Slot {
 }
 
 impl InFlight {
-    /// A limiter with `tuning`.
-    pub fn new(tuning: Tuning) -> Arc<Self> {
+    /// A limiter with `tuning`, reporting to `gauges`.
+    pub fn new(tuning: Tuning, gauges: InFlightGauges) -> Arc<Self> {
         Arc::new(Self {
+            gauges,
             state: Mutex::new(State {
                 window: Window::new(tuning),
                 in_flight: 0,
@@ -184,10 +188,16 @@ impl InFlight {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The current limit and the slots taken, for metrics.
-    pub fn usage(&self) -> (usize, usize) {
+    /// The current limit and the slots taken.
+    #[cfg(test)]
+    fn usage(&self) -> (usize, usize) {
         let state = self.lock();
         (state.window.limit(), state.in_flight)
+    }
+
+    fn report(&self, state: &State) {
+        self.gauges.in_flight.set(state.in_flight as i64);
+        self.gauges.limit.set(state.window.limit() as i64);
     }
 
     fn slot(self: &Arc<Self>) -> Slot {
@@ -206,6 +216,7 @@ impl InFlight {
             let state = &mut *guard;
             if state.turns.is_empty() && state.in_flight < state.window.limit() {
                 state.in_flight += 1;
+                self.report(state);
                 drop(guard);
                 return self.slot();
             }
@@ -267,6 +278,7 @@ impl InFlight {
                     }
                 }
             }
+            self.report(state);
         }
         drop(unwanted);
     }
@@ -327,12 +339,15 @@ mod tests {
 
     #[tokio::test]
     async fn slots_go_to_waiting_clusters_in_turn() {
-        let limiter = InFlight::new(Tuning {
-            initial: 1.0,
-            min: 1.0,
-            max: 1.0,
-            ..Tuning::default()
-        });
+        let limiter = InFlight::new(
+            Tuning {
+                initial: 1.0,
+                min: 1.0,
+                max: 1.0,
+                ..Tuning::default()
+            },
+            InFlightGauges::default(),
+        );
         let (flood, quiet): (Arc<str>, Arc<str>) = ("flood".into(), "quiet".into());
         let first = limiter.acquire(&flood).await;
         let order = Arc::new(Mutex::new(Vec::new()));
@@ -361,16 +376,21 @@ mod tests {
             "the quiet cluster's turn comes second"
         );
         assert_eq!(limiter.usage().1, 0, "every slot freed");
+        assert_eq!(limiter.gauges.in_flight.get(), 0);
+        assert_eq!(limiter.gauges.limit.get(), 1);
     }
 
     #[tokio::test]
     async fn a_waiter_that_goes_away_holds_no_slot() {
-        let limiter = InFlight::new(Tuning {
-            initial: 1.0,
-            min: 1.0,
-            max: 1.0,
-            ..Tuning::default()
-        });
+        let limiter = InFlight::new(
+            Tuning {
+                initial: 1.0,
+                min: 1.0,
+                max: 1.0,
+                ..Tuning::default()
+            },
+            InFlightGauges::default(),
+        );
         let cluster: Arc<str> = "c".into();
         let held = limiter.acquire(&cluster).await;
         let gone = {

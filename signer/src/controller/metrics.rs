@@ -87,9 +87,27 @@ struct BindingLabels {
     binding: String,
 }
 
+/// What became of an Event: `written`, `folded` (into a summary Event), `dropped` (queue full).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventOutcomeLabels {
+    /// `written`, `folded` or `dropped`.
+    pub outcome: String,
+}
+
+/// The gauges the fleet's in-flight limiter keeps current.
+#[derive(Debug, Clone, Default)]
+pub struct InFlightGauges {
+    /// CSRs in flight now.
+    pub in_flight: Gauge,
+    /// The adaptive limit now.
+    pub limit: Gauge,
+}
+
 /// The signer's metrics.
 #[derive(Debug, Clone)]
 pub struct Metrics {
+    in_flight: InFlightGauges,
+    events: Family<EventOutcomeLabels, Counter>,
     decisions: Family<DecisionLabels, Counter>,
     issue_latency: Histogram,
     clusters: Family<StateLabels, Gauge>,
@@ -106,6 +124,8 @@ impl Metrics {
     /// Registers every metric in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
+            in_flight: InFlightGauges::default(),
+            events: Family::default(),
             decisions: Family::default(),
             // 50 ms .. ~100 s: a join is a few hundred ms; minutes mean a stuck cluster.
             issue_latency: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -132,6 +152,21 @@ impl Metrics {
             metrics.issue_latency.clone(),
         );
         r.register("clusters", "Opted-in clusters by state", metrics.clusters.clone());
+        r.register(
+            "csrs_in_flight",
+            "CSRs being decided and applied now, across the clusters this replica serves",
+            metrics.in_flight.in_flight.clone(),
+        );
+        r.register(
+            "csrs_in_flight_limit",
+            "The fleet's limit of CSRs in flight, adapted to how the apiservers answer",
+            metrics.in_flight.limit.clone(),
+        );
+        r.register(
+            "events",
+            "Events by outcome: written as they are, folded into a per-Cluster summary under load, or dropped (queue full)",
+            metrics.events.clone(),
+        );
         r.register(
             "legacy_autoapprove_binding",
             "1 while a kubeadm auto-approve binding (node-autoapprove-bootstrap, node-autoapprove-certificate-rotation) exists in the workload cluster",
@@ -168,6 +203,16 @@ impl Metrics {
             metrics.shard_handovers.clone(),
         );
         metrics
+    }
+
+    /// The in-flight gauges, for the limiter to keep current.
+    pub fn in_flight_gauges(&self) -> InFlightGauges {
+        self.in_flight.clone()
+    }
+
+    /// The Event outcome counters, for the Event sink.
+    pub fn event_outcomes(&self) -> Family<EventOutcomeLabels, Counter> {
+        self.events.clone()
     }
 
     /// Counts one decision.

@@ -330,9 +330,9 @@ async fn serve(args: &RunArgs) -> Result<()> {
     let shared = Arc::new(workload::Shared {
         management,
         metrics: metrics.clone(),
-        events: events::EventSink::start(recorder.clone(), events::Budget::default()),
+        events: events::EventSink::start(recorder.clone(), events::Budget::default(), metrics.event_outcomes()),
         recorder,
-        in_flight: inflight::InFlight::new(inflight::Tuning::default()),
+        in_flight: inflight::InFlight::new(inflight::Tuning::default(), metrics.in_flight_gauges()),
         verifiers,
         challenge_key,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
