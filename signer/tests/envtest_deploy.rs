@@ -17,6 +17,20 @@ use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 
+/// The `kind` named node-attestation-signer in the signer's namespace, as applied.
+fn signer_object(env: &Envtest, kind: &str) -> Value {
+    let out = env.kubectl(&[
+        "get",
+        kind,
+        "node-attestation-signer",
+        "-n",
+        "node-attestation-system",
+        "-o",
+        "json",
+    ]);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn the_kustomizations_apply_cleanly_and_the_service_account_can_do_the_job() {
@@ -29,39 +43,14 @@ async fn the_kustomizations_apply_cleanly_and_the_service_account_can_do_the_job
         assert!(out.status.success(), "apply {kustomization}: {stderr}");
         assert!(!stderr.contains("Warning"), "{kustomization}: {stderr}");
     }
-    let deployment: Value = serde_json::from_slice(
-        &env.kubectl(&[
-            "get",
-            "deployment",
-            "node-attestation-signer",
-            "-n",
-            "node-attestation-system",
-            "-o",
-            "json",
-        ])
-        .stdout,
-    )
-    .unwrap();
+    let deployment = signer_object(&env, "deployment");
     assert_eq!(deployment["spec"]["replicas"], 3);
     let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
     assert!(
         args.as_array().unwrap().iter().any(|a| a == "--coordination=shard"),
         "config/default shards: {args}"
     );
-    let pdb: Value = serde_json::from_slice(
-        &env.kubectl(&[
-            "get",
-            "poddisruptionbudget",
-            "node-attestation-signer",
-            "-n",
-            "node-attestation-system",
-            "-o",
-            "json",
-        ])
-        .stdout,
-    )
-    .unwrap();
-    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(signer_object(&env, "poddisruptionbudget")["spec"]["maxUnavailable"], 1);
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "node-attestation-signer");
     let container = &pod["containers"][0];

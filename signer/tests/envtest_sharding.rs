@@ -22,12 +22,11 @@ use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::events::v1::Event;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use serde_json::{Value, json};
-use tests::ca::{CaKeyFormat, openssl_ca};
+use serde_json::Value;
 use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
-use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, wait_final};
+use tests::live::{self, Final, Signer, Workload, file_csr, metric, wait_final};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -123,15 +122,38 @@ async fn until(what: &str, replicas: &[(&str, Signer)], within: Duration, done: 
         if start.elapsed() > within {
             let figures: Vec<String> = replicas
                 .iter()
-                .map(|(n, s)| format!("{n}: Ready {} members {}", ready(s), members(s)))
+                .map(|(n, s)| {
+                    let text = s.metrics();
+                    let gauges: Vec<&str> = text
+                        .lines()
+                        .filter(|l| {
+                            l.starts_with("node_attestation_clusters{") || l.starts_with("node_attestation_shard_")
+                        })
+                        .collect();
+                    format!("{n}: {gauges:?}")
+                })
                 .collect();
+            let log = replicas[0].1.log();
+            let tail: Vec<&str> = log.lines().rev().take(300).collect();
             panic!(
-                "{what}: not within {within:?} ({figures:?})\nlog:\n{}",
-                replicas[0].1.log()
+                "{what}: not within {within:?}\n{}\nlast lines of the replicas' log:\n{}",
+                figures.join("\n"),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
             );
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `replicas` live replicas each counting `replicas` members, each serving some Clusters (when
+/// `each_serves`), and summing to the fleet.
+fn shared_by(live: &[(&str, &Signer)], replicas: usize, each_serves: bool) -> bool {
+    let n = replicas as f64;
+    live.len() == replicas
+        && live
+            .iter()
+            .all(|(_, s)| members(s) == n && (!each_serves || ready(s) > 0.0))
+        && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
 }
 
 /// The replica whose latest `ShardAcquired` Event on the Cluster names it.
@@ -179,28 +201,9 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
     let management = live::client(&management_env.admin_kubeconfig).await;
     let alpha = Workload::register(management_env, &management, "team-a", "alpha", "insecure").await;
     let beta = Workload::register(beta_env, &management, "team-b", "beta", "insecure").await;
-    let _quiet = Workload::register(quiet_env, &management, "quiet", "quiet-0", "insecure").await;
-    let kubeconfig = live::get(
-        &management,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "quiet-0-kubeconfig", "namespace": "quiet"}}),
-    )
-    .await;
+    let quiet = Workload::register(quiet_env, &management, "quiet", "quiet-0", "insecure").await;
     for i in 1..QUIET {
-        // Each its own CA (a shared one is refused), all watching the quiet apiserver.
-        let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
-        let mut cluster = capi::cluster("insecure");
-        cluster["metadata"]["name"] = json!(format!("quiet-{i}"));
-        cluster["metadata"]["namespace"] = json!("quiet");
-        apply(&management, &cluster).await;
-        let mut secret = kubeconfig.clone();
-        secret["metadata"] = json!({"name": format!("quiet-{i}-kubeconfig"), "namespace": "quiet"});
-        apply(&management, &secret).await;
-        apply(
-            &management,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("quiet-{i}-ca"), "namespace": "quiet"},
-                    "stringData": {"tls.crt": String::from_utf8_lossy(&ca.cert_pem), "tls.key": String::from_utf8_lossy(&ca.key_pem)}}),
-        )
-        .await;
+        quiet.add_sibling(&management, &format!("quiet-{i}")).await;
     }
     for w in [&alpha, &beta] {
         for prefix in ["m", "late", "back", "race"] {
@@ -225,11 +228,7 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
         "three members, each serving some, summing to the fleet",
         &replicas,
         Duration::from_secs(60),
-        |live| {
-            live.len() == 3
-                && live.iter().all(|(_, s)| members(s) == 3.0 && ready(s) > 0.0)
-                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
-        },
+        |live| shared_by(live, 3, true),
     )
     .await;
     for (_, s) in &replicas {
@@ -282,12 +281,10 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
     until(
         "the survivors re-count the fleet",
         &replicas,
-        Duration::from_secs(10),
-        |live| {
-            live.len() == 2
-                && live.iter().all(|(_, s)| members(s) == 2.0)
-                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
-        },
+        // Every Cluster of the killed replica starts on a survivor (Secrets, first list): on a
+        // loaded 2-core machine that may take a while beyond the loaded cluster's own move.
+        Duration::from_secs(25),
+        |live| shared_by(live, 2, false),
     )
     .await;
     let new_owner = owner_within(&management, &alpha, Duration::from_secs(10)).await;
@@ -304,11 +301,7 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
         "three members again, each serving some",
         &replicas,
         Duration::from_secs(30),
-        |live| {
-            live.len() == 3
-                && live.iter().all(|(_, s)| members(s) == 3.0 && ready(s) > 0.0)
-                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
-        },
+        |live| shared_by(live, 3, true),
     )
     .await;
     for w in [&alpha, &beta] {
@@ -383,11 +376,7 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
         "the others take a terminated replica's share at once",
         &replicas,
         LEASE / 2,
-        |live| {
-            live.len() == 2
-                && live.iter().all(|(_, s)| members(s) == 2.0)
-                && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
-        },
+        |live| shared_by(live, 2, false),
     )
     .await;
     let handed_over_in = terminated.elapsed();

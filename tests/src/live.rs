@@ -204,6 +204,32 @@ impl Workload {
         apply(management, &self.own(crate::capi::machine(name, Some(provider_id)))).await;
     }
 
+    /// Adds another opted-in Cluster `name` in this Cluster's namespace of `management` that
+    /// watches the same apiserver (its `<name>-kubeconfig` is this Cluster's) with a CA of its
+    /// own (a shared one is refused): a quiet Cluster that widens the fleet.
+    pub async fn add_sibling(&self, management: &Client, name: &str) {
+        let kubeconfig = get(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": format!("{}-kubeconfig", self.cluster), "namespace": self.namespace}}),
+        )
+        .await;
+        let ca = crate::ca::openssl_ca(crate::ca::CaKeyFormat::RsaPkcs1, 30);
+        let mut cluster = crate::capi::cluster("insecure");
+        cluster["metadata"]["name"] = json!(name);
+        cluster["metadata"]["namespace"] = json!(self.namespace);
+        apply(management, &cluster).await;
+        let mut secret = kubeconfig;
+        secret["metadata"] = json!({"name": format!("{name}-kubeconfig"), "namespace": self.namespace});
+        apply(management, &secret).await;
+        apply(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-ca"), "namespace": self.namespace},
+                    "stringData": {"tls.crt": String::from_utf8_lossy(&ca.cert_pem), "tls.key": String::from_utf8_lossy(&ca.key_pem)}}),
+        )
+        .await;
+    }
+
     /// Sets this Cluster's object in `management` to fixture form for `object`: name and
     /// namespace of this Cluster.
     pub fn own(&self, mut object: Value) -> Value {
