@@ -264,6 +264,9 @@ async fn serve(args: &RunArgs) -> Result<()> {
     let replica = replica_name(args);
     let identity = identity(&replica);
     let sharded = args.leader_elect && args.coordination == Coordination::Shard;
+    if !args.leader_elect && args.coordination == Coordination::Shard {
+        tracing::warn!("--coordination=shard is ignored with --leader-elect=false: this process serves every cluster");
+    }
     let (membership_client, holder) = (client.clone(), identity.clone());
 
     let mut leadership = if args.leader_elect && !sharded {
