@@ -422,6 +422,8 @@ impl Worker {
             tracing::Span::current().record("machine", tracing::field::display(&target.name));
         }
         let approved_already = stage(&csr) == Stage::Approved;
+        // A decision applied without a request says nothing about the apiservers.
+        let mut asked = true;
         let result = match &decision.outcome {
             Outcome::Retry { message } if !decision.annotations.is_empty() => {
                 self.challenge(&csr, &decision, message).await
@@ -429,6 +431,7 @@ impl Worker {
             Outcome::Retry { message } => {
                 self.count(&csr, "Retry", "Pending");
                 self.retry(&csr, message);
+                asked = false;
                 Ok(())
             }
             Outcome::Denied { reason, message } => self.refuse(&csr, &decision, reason.as_str(), message).await,
@@ -442,6 +445,7 @@ impl Worker {
                 } else {
                     self.count(&csr, "Retry", "Pending");
                     self.retry(&csr, &why);
+                    asked = false;
                     Ok(())
                 }
             }
@@ -449,10 +453,14 @@ impl Worker {
                 self.approve(&csr, &object, &decision, reason, message, approved_already)
                     .await
             }
-            _ => Ok(()),
+            _ => {
+                asked = false;
+                Ok(())
+            }
         };
         match result {
-            Ok(()) => Answer::Answered,
+            Ok(()) if asked => Answer::Answered,
+            Ok(()) => Answer::Idle,
             Err(ApplyError::Conflict(why)) => {
                 tracing::debug!(%why, "conflict; deciding again on fresh state");
                 self.queue.push_after(name.to_owned(), Duration::from_millis(100));
