@@ -36,7 +36,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use rcgen::DnType;
 use serde_json::json;
-use tests::ca::{CaKeyFormat, openssl_ca};
 use tests::capi;
 use tests::csr::{RequestSpec, subject};
 use tests::envtest::{self, Envtest, SharedEtcd};
@@ -366,6 +365,9 @@ struct Run {
     calls: Calls,
     /// The management apiserver alone, when it is not a loaded one.
     management_calls: Option<Calls>,
+    /// The harness's CSR creations the apiservers answered 429 (retried after 200 ms: their
+    /// latency counts from the first attempt).
+    creations_throttled: f64,
 }
 
 impl Run {
@@ -425,6 +427,7 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
     let relists = watches.stop();
     let seen = seen.lock().unwrap().clone();
 
+    let all_calls = after.all.minus(&before.all);
     let mut run = Run {
         who: who.to_owned(),
         filed: total,
@@ -439,7 +442,11 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
             .unwrap_or_default(),
         peak_rss_kib,
         rss_after_kib,
-        calls: without_own_calls(after.all.minus(&before.all), apis.counted.len(), relists),
+        creations_throttled: all_calls
+            .get("POST certificatesigningrequests [429]")
+            .copied()
+            .unwrap_or(0.0),
+        calls: without_own_calls(all_calls, apis.counted.len(), relists),
         management_calls: after
             .management
             .zip(before.management)
@@ -577,11 +584,12 @@ impl Minus for Calls {
     }
 }
 
-/// The harness's own calls out: its CSR creations (no controller creates CSRs), the first
+/// The harness's own calls out: its CSR creations, throttled ones too (no controller creates
+/// CSRs; [`Run::creations_throttled`] keeps the 429s), the first
 /// `/metrics` scrape of each of `apiservers` (a request counts when it ends, so the second
 /// is not in its own figures), and the relists of its watches.
 fn without_own_calls(mut calls: Calls, apiservers: usize, relists: usize) -> Calls {
-    calls.remove("POST certificatesigningrequests");
+    calls.retain(|key, _| !key.starts_with("POST certificatesigningrequests"));
     for (key, own) in [
         ("GET (non-resource)", apiservers),
         ("LIST certificatesigningrequests", relists),
@@ -597,7 +605,8 @@ fn without_own_calls(mut calls: Calls, apiservers: usize, relists: usize) -> Cal
     calls
 }
 
-/// One apiserver's `apiserver_request_total` by verb and resource (summed over the rest).
+/// One apiserver's `apiserver_request_total` by verb and resource (summed over the rest),
+/// answers other than 2xx as rows of their own (`PUT certificatesigningrequests/status [409]`).
 async fn request_totals(admin: &Client) -> Calls {
     let request = kube::core::Request::new("")
         .get("metrics", &Default::default())
@@ -611,16 +620,21 @@ async fn request_totals(admin: &Client) -> Calls {
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let (verb, resource, subresource) = (
+        let (verb, resource, subresource, code) = (
             label(labels, "verb"),
             label(labels, "resource"),
             label(labels, "subresource"),
+            label(labels, "code"),
         );
-        let key = match (resource, subresource) {
+        let mut key = match (resource, subresource) {
             ("", _) => format!("{verb} (non-resource)"),
             (r, "") => format!("{verb} {r}"),
             (r, s) => format!("{verb} {r}/{s}"),
         };
+        if !code.starts_with('2') {
+            // Conflicts, throttling and errors apart: calls that did not do their work.
+            key = format!("{key} [{code}]");
+        }
         *calls.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
     }
     calls
@@ -994,27 +1008,8 @@ async fn add_machines(management: &Client, w: &Workload, cluster: usize, count: 
 async fn add_idle_clusters(management: &Client, count: usize) -> Workload {
     let env = Envtest::start("signer-load idle");
     let w = Workload::register(env, management, "idle", "idle-0", "insecure").await;
-    let kubeconfig = live::get(
-        management,
-        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "idle-0-kubeconfig", "namespace": "idle"}}),
-    )
-    .await;
     for i in 1..count {
-        // Each its own CA (a shared one is refused).
-        let ca = openssl_ca(CaKeyFormat::RsaPkcs1, 30);
-        let mut cluster = capi::cluster("insecure");
-        cluster["metadata"]["name"] = json!(format!("idle-{i}"));
-        cluster["metadata"]["namespace"] = json!("idle");
-        apply(management, &cluster).await;
-        let mut secret = kubeconfig.clone();
-        secret["metadata"] = json!({"name": format!("idle-{i}-kubeconfig"), "namespace": "idle"});
-        apply(management, &secret).await;
-        apply(
-            management,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("idle-{i}-ca"), "namespace": "idle"},
-                    "stringData": {"tls.crt": String::from_utf8_lossy(&ca.cert_pem), "tls.key": String::from_utf8_lossy(&ca.key_pem)}}),
-        )
-        .await;
+        w.add_sibling(management, &format!("idle-{i}")).await;
     }
     w
 }
@@ -1101,10 +1096,11 @@ fn print_table(runs: &[Run]) {
     }
     for run in runs {
         println!(
-            "  {}: p90 {}, {:.0} certificates/s",
+            "  {}: p90 {}, {:.0} certificates/s, {} creations throttled (429) and retried",
             run.who,
             secs(run.percentile(90.0)),
-            run.issued() as f64 / run.all_issued.as_secs_f64().max(f64::EPSILON)
+            run.issued() as f64 / run.all_issued.as_secs_f64().max(f64::EPSILON),
+            run.creations_throttled
         );
     }
 }
@@ -1144,6 +1140,9 @@ fn print_cluster_p99s(what: &str, first: usize, p99s: &[Duration]) {
 /// management apiserver's share apart when it is not a loaded one.
 fn print_calls(runs: &[Run]) {
     println!("\nAPI calls per issued CSR (apiserver_request_total, the harness's own calls out):");
+    println!(
+        "  (each apiserver also renews its own identity Lease every 10 s: `PUT leases` rows grow with apiservers x time)"
+    );
     for run in runs {
         println!("  {}: {}", run.who, per_csr(run, &run.calls));
         print_breakdown(run, &run.calls);
