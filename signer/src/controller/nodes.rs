@@ -32,6 +32,8 @@ use super::management::Backoff;
 #[derive(Debug, Default)]
 pub struct NodeIndex {
     state: RwLock<IndexState>,
+    /// Cuts a failed watch's backoff short (the CSR watch is back: so is the apiserver).
+    retry: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +165,13 @@ impl NodeIndex {
         state.why_not = Some(why);
     }
 
+    /// Retries a failed Node watch now instead of after its backoff: called when the
+    /// cluster's CSR watch has listed again, so that CSRs seen then are not held until the
+    /// Node watch's own next attempt (up to 30 s after a long outage).
+    pub fn retry_now(&self) {
+        self.retry.notify_waiters();
+    }
+
     /// Keeps the index from a Node watch until the future is dropped.
     pub async fn watch(&self, client: Client) {
         let api: Api<Node> = Api::all(client);
@@ -178,7 +187,10 @@ impl NodeIndex {
                 }
                 Err(e) => {
                     self.failed(format!("the Node watch of the workload cluster failed: {e}"));
-                    backoff.wait().await;
+                    tokio::select! {
+                        () = backoff.wait() => {}
+                        () = self.retry.notified() => {}
+                    }
                 }
             }
         }

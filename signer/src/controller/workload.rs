@@ -296,6 +296,7 @@ impl Worker {
                 Ok(watcher::Event::InitDone) => {
                     if *lock(&self.state) != ClusterState::Ready {
                         tracing::info!("watching CSRs of the workload cluster");
+                        self.nodes.retry_now();
                     }
                     *lock(&self.state) = ClusterState::Ready;
                     backoff.reset();
