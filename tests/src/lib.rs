@@ -10,6 +10,7 @@ pub mod envtest;
 pub mod kubelet;
 pub mod live;
 pub mod pkcs10;
+pub mod stats;
 pub mod strict_der;
 pub mod swtpm;
 pub mod tpm_world;

@@ -204,6 +204,30 @@ impl Workload {
         apply(management, &self.own(crate::capi::machine(name, Some(provider_id)))).await;
     }
 
+    /// Adds bootstrapped Machines `(name, provider ID)` of this Cluster to `management`, all
+    /// naming one KubeadmConfig `shared-kc` (the fixture token), `parallel` writes at a time:
+    /// thousands of Machines for the price of one config.
+    pub async fn add_machines(&self, management: &Client, machines: &[(String, String)], parallel: usize) {
+        use futures::StreamExt;
+        apply(
+            management,
+            &self.own(crate::capi::kubeadm_config("shared-kc", "abcdef", "v1beta2")),
+        )
+        .await;
+        let writes = machines.iter().map(|(name, provider_id)| {
+            let mut machine = self.own(crate::capi::machine(name, Some(provider_id)));
+            machine["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"] = json!(self.cluster);
+            machine["spec"]["bootstrap"]["configRef"]["name"] = json!("shared-kc");
+            async move {
+                apply(management, &machine).await;
+            }
+        });
+        futures::stream::iter(writes)
+            .buffer_unordered(parallel.max(1))
+            .collect::<Vec<_>>()
+            .await;
+    }
+
     /// Adds another opted-in Cluster `name` in this Cluster's namespace of `management` that
     /// watches the same apiserver (its `<name>-kubeconfig` is this Cluster's) with a CA of its
     /// own (a shared one is refused): a quiet Cluster that widens the fleet.
@@ -455,6 +479,12 @@ impl Signer {
             let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
             let _ = child.wait();
         }
+    }
+
+    /// The file the process logs to (appended to across restarts; every [`Signer`] of one
+    /// management [`Envtest`] shares it).
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// The log so far.
