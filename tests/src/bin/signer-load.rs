@@ -36,10 +36,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use rcgen::DnType;
 use serde_json::json;
-use tests::capi;
 use tests::csr::{RequestSpec, subject};
 use tests::envtest::{self, Envtest, SharedEtcd};
 use tests::live::{self, Final, Signer, Workload, apply, file_csr};
+use tests::stats::{mib, percentile, proc_status_kib, secs};
 
 /// kube-controller-manager's signer for kubelet client certificates.
 const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -851,7 +851,14 @@ impl SignerWorld {
                 None => start_env(&format!("signer-load c{i}")),
             };
             let w = Workload::register(env, &first_admin, &format!("load-{i}"), &format!("c{i}"), "insecure").await;
-            add_machines(&first_admin, &w, i, *machines).await;
+            let names: Vec<(String, String)> = (0..*machines)
+                .map(|j| {
+                    let name = format!("n-{j}");
+                    let pid = provider_id(i, &name);
+                    (name, pid)
+                })
+                .collect();
+            w.add_machines(&first_admin, &names, 16).await;
             workloads.push(w);
         }
         let idle = match layout.idle_clusters {
@@ -983,26 +990,6 @@ fn room_for_another(args: &Args) -> bool {
     room
 }
 
-/// `count` bootstrapped Machines `n-<j>` of `w` with provider IDs, sharing one KubeadmConfig.
-async fn add_machines(management: &Client, w: &Workload, cluster: usize, count: usize) {
-    let mut kc = w.own(capi::kubeadm_config("shared-kc", "abcdef", "v1beta2"));
-    kc["metadata"]["name"] = json!("shared-kc");
-    apply(management, &kc).await;
-    let machines = (0..count).map(|j| {
-        let name = format!("n-{j}");
-        let mut machine = w.own(capi::machine(&name, Some(&provider_id(cluster, &name))));
-        machine["metadata"]["labels"]["cluster.x-k8s.io/cluster-name"] = json!(w.cluster);
-        machine["spec"]["bootstrap"]["configRef"]["name"] = json!("shared-kc");
-        async move {
-            apply(management, &machine).await;
-        }
-    });
-    futures::stream::iter(machines)
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-}
-
 /// `count` opted-in Clusters in namespace `idle`, each with its own CA, all watching one
 /// extra apiserver that carries no load.
 async fn add_idle_clusters(management: &Client, count: usize) -> Workload {
@@ -1035,41 +1022,12 @@ fn timeout(args: &Args) -> Duration {
 // ---------------------------------------------------------------------------------------------
 // Figures
 
-/// A `/proc/<pid>/status` figure in KiB: `VmRSS` now, `VmHWM` the peak.
-fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-}
-
-/// Nearest-rank percentile of sorted durations.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn max_of(durations: &[Duration]) -> Duration {
     durations.iter().copied().max().unwrap_or_default()
 }
 
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(f64::EPSILON)
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
-}
-
-fn mib(kib: u64) -> String {
-    format!("{:.0} MiB", kib as f64 / 1024.0)
 }
 
 fn tail(text: &str, lines: usize) -> String {
