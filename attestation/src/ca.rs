@@ -160,6 +160,18 @@ impl fmt::Debug for IssuedCertificate {
 }
 
 impl ClusterCa {
+    /// [`ClusterCa::fingerprint`] of a `tls.crt` without loading its key: enough to compare
+    /// CAs across Clusters this process does not sign for.
+    pub fn certificate_fingerprint(cert_pem: &[u8]) -> Result<[u8; 32], CaError> {
+        let cert = pem::parse(cert_pem).map_err(|e| CaError::CertificatePem { why: e.to_string() })?;
+        if cert.tag() != "CERTIFICATE" {
+            return Err(CaError::CertificatePem {
+                why: format!("found a {:?} block", crate::identity::truncate(cert.tag(), 40)),
+            });
+        }
+        Ok(sha256(cert.contents()))
+    }
+
     /// Loads `tls.crt` and `tls.key`. The key may be RSA PKCS#1 (Cluster API's default),
     /// PKCS#8, or EC SEC1; it must match the certificate.
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, CaError> {

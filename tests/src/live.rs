@@ -270,6 +270,17 @@ impl Workload {
     }
 }
 
+/// `count` quiet opted-in Clusters `<namespace>/<namespace>-<i>` of `management`, all watching
+/// `env` (an apiserver that carries no load), each with a CA of its own: a wide fleet for the
+/// price of one apiserver. Returns the first, whose [`Workload::add_sibling`] made the others.
+pub async fn quiet_clusters(env: Envtest, management: &Client, namespace: &str, count: usize) -> Workload {
+    let w = Workload::register(env, management, namespace, &format!("{namespace}-0"), "insecure").await;
+    for i in 1..count {
+        w.add_sibling(management, &format!("{namespace}-{i}")).await;
+    }
+    w
+}
+
 /// Creates bootstrap token `<id>.<secret>` in kube-system.
 pub async fn add_bootstrap_token(admin: &Client, id: &str, secret: &str) {
     apply(
@@ -396,7 +407,7 @@ impl Signer {
         Self::run_as(binary, management, &kubeconfig, extra)
     }
 
-    /// [`Signer::start`] without the suites' `--resync-period 2s`: every flag at the signer's
+    /// [`Signer::start`] without the suites' `--resync-period 2s --secret-resync-period 2s`: every flag at the signer's
     /// default unless `extra` sets it, as the load harness compares it.
     pub async fn start_with_defaults(binary: &Path, management: &Envtest, extra: &[&str]) -> Self {
         let kubeconfig = Self::management_identity(management).await;
@@ -418,7 +429,13 @@ impl Signer {
 
     /// Starts the signer with `kubeconfig` as its management identity, nothing applied first.
     pub fn run_as(binary: &Path, management: &Envtest, kubeconfig: &Path, extra: &[&str]) -> Self {
-        Self::spawn_with(binary, management, kubeconfig, &["--resync-period", "2s"], extra)
+        Self::spawn_with(
+            binary,
+            management,
+            kubeconfig,
+            &["--resync-period", "2s", "--secret-resync-period", "2s"],
+            extra,
+        )
     }
 
     fn spawn_with(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {

@@ -280,6 +280,15 @@ fn two_clusters_sharing_a_ca_are_recognisable() {
         load(&test_ca).fingerprint(),
         load(&openssl_ca(CaKeyFormat::RsaPkcs1, 30)).fingerprint()
     );
+    // Compared without the key, as for Clusters another replica serves.
+    assert_eq!(
+        ClusterCa::certificate_fingerprint(&test_ca.cert_pem).unwrap(),
+        load(&test_ca).fingerprint()
+    );
+    assert!(
+        ClusterCa::certificate_fingerprint(&test_ca.key_pem).is_err(),
+        "a key is no certificate"
+    );
 }
 
 #[test]

@@ -1,9 +1,18 @@
 //! The fleet: which workload clusters are served, and by which worker.
 //!
-//! On every Cluster change, every membership change and every resync it reads each opted-in
-//! Cluster's `<cluster>-kubeconfig` and `<cluster>-ca`, refuses Clusters whose CA certificate is
-//! another opted-in Cluster's, and starts, restarts (Secrets rotated) or stops workers. A Cluster
-//! whose Secrets are missing or broken, or whose apiserver is down, holds back only itself.
+//! On every Cluster change, every membership change and every resync it decides which opted-in
+//! Clusters this process serves, refuses Clusters whose CA certificate is another opted-in
+//! Cluster's, and starts, restarts (Secrets rotated) or stops workers. A Cluster whose Secrets
+//! are missing or broken, or whose apiserver is down, holds back only itself.
+//!
+//! Secrets are read when they may have changed, not on every pass: a Cluster seen for the first
+//! time, a Cluster whose view changed (opt-in, attestors, UID), one whose worker is not running
+//! (its Secrets were broken or its CA shared: every `--resync-period`), and every other one once
+//! per `--secret-resync-period` (5 min by default, spread by the Cluster's UID over its last
+//! quarter), one GET per Secret, sixteen at once. A pass triggered by a Cluster's status update
+//! then costs no request at all; at 10,000 Clusters the periodic reads are about 70 GETs a
+//! second where reading everything on every pass was thousands. The bytes are compared before
+//! anything is parsed: an unchanged kubeconfig and CA keep their worker, client and parsed key.
 //!
 //! Sharded ([`Scope::Shard`]), it serves only the opted-in Clusters the shard assigns to this
 //! replica ([`super::membership::View::owns`]), still compares CAs with every opted-in Cluster
@@ -12,6 +21,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use attestation::ca::ClusterCa;
 use attestation::machine::ClusterView;
@@ -37,11 +47,43 @@ struct Credentials {
     digest: [u8; 32],
 }
 
-/// `<cluster>-ca` as read.
-struct CaSecret {
-    cert: Vec<u8>,
-    key: Zeroizing<Vec<u8>>,
-    ca: Result<Arc<ClusterCa>, String>,
+/// Secrets read at once during one pass.
+const SECRET_READS_AT_ONCE: usize = 16;
+
+/// What was last read of an opted-in Cluster's Secrets.
+struct Known {
+    /// The Cluster as it was then: a change reads again at once.
+    view: ClusterView,
+    /// When to read again.
+    due: Instant,
+    /// SHA-256 of its CA certificate, for the shared-CA refusal.
+    ca_fingerprint: Option<[u8; 32]>,
+    /// Read as this replica's own: the digest of the Secrets its worker runs on, or why they are
+    /// unusable. `None` when read only for the CA comparison.
+    own: Option<Result<[u8; 32], String>>,
+}
+
+/// One read of a served Cluster's Secrets.
+enum OwnRead {
+    /// The same bytes as the running worker's.
+    Unchanged { digest: [u8; 32] },
+    /// New or changed: a worker to start on them.
+    Fresh {
+        credentials: Credentials,
+        ca_fingerprint: Option<[u8; 32]>,
+    },
+    /// Unusable (`SecretsInvalid`).
+    Invalid {
+        why: String,
+        ca_fingerprint: Option<[u8; 32]>,
+    },
+}
+
+/// When a Cluster read now is read again: `period` after now, less up to a quarter chosen by its
+/// UID, so that Clusters read together at start drift apart.
+fn next_read(now: Instant, period: Duration, uid: &str) -> Instant {
+    let spread = super::shard::weight("secret-resync", uid) as f64 / u64::MAX as f64;
+    now + period.mul_f64(0.75 + 0.25 * spread)
 }
 
 struct Running {
@@ -104,6 +146,8 @@ pub struct Fleet {
     /// Keys of every opted-in Cluster at the last reconcile (`None` before the first): a
     /// Cluster newly opted in is not a hand-over.
     opted_in: Option<HashSet<String>>,
+    /// What was last read of each opted-in Cluster's Secrets.
+    known: HashMap<String, Known>,
 }
 
 fn key(cluster: &ClusterView) -> String {
@@ -120,6 +164,7 @@ impl Fleet {
             problems: HashMap::new(),
             owned: HashSet::new(),
             opted_in: None,
+            known: HashMap::new(),
         }
     }
 
@@ -130,7 +175,10 @@ impl Fleet {
         loop {
             self.reconcile().await;
             tokio::select! {
-                () = clusters.changed() => {}
+                () = clusters.changed() => {
+                    // Cluster API updates Clusters' status often: one pass for a burst of them.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 () = self.scope.changed() => {}
                 () = tokio::time::sleep(self.shared.settings.resync) => {}
             }
@@ -154,42 +202,37 @@ impl Fleet {
         if let Some(view) = &view {
             self.hand_over(view, &mine, &theirs);
         }
-        self.owned = mine_keys;
+        self.owned = mine_keys.clone();
         self.opted_in = Some(mine.iter().chain(&theirs).map(key).collect());
 
-        let mut loaded: BTreeMap<String, (ClusterView, Credentials)> = BTreeMap::new();
+        let opted_in_now = self.opted_in.clone().unwrap_or_default();
+        self.known.retain(|k, _| opted_in_now.contains(k));
+        let now = Instant::now();
+        let loaded = self.read_due(&mine, &theirs, now).await;
+
         let mut problems: HashMap<String, (ClusterState, String)> = HashMap::new();
-        for cluster in mine {
-            match self.credentials(&cluster).await {
-                Ok(credentials) => {
-                    loaded.insert(key(&cluster), (cluster, credentials));
-                }
-                Err(why) => {
-                    problems.insert(key(&cluster), (ClusterState::SecretsInvalid, why));
-                }
+        for cluster in &mine {
+            if let Some(Known {
+                own: Some(Err(why)), ..
+            }) = self.known.get(&key(cluster))
+            {
+                problems.insert(key(cluster), (ClusterState::SecretsInvalid, why.clone()));
+                // Its credentials are gone or broken: stop using the old ones.
+                self.running.remove(&key(cluster));
             }
         }
         // Two Clusters with one CA: a certificate for either works in both. Refuse both, even
-        // when another replica serves the other one.
+        // when another replica serves the other one (that replica refuses its own side).
         let mut by_ca: HashMap<[u8; 32], Vec<String>> = HashMap::new();
-        for (k, (_, credentials)) in &loaded {
-            if let Ok(ca) = &credentials.ca {
-                by_ca.entry(ca.fingerprint()).or_default().push(k.clone());
+        for (k, known) in &self.known {
+            let compared = known.own.is_some() || !mine_keys.is_empty();
+            if let (Some(fingerprint), true) = (known.ca_fingerprint, compared) {
+                by_ca.entry(fingerprint).or_default().push(k.clone());
             }
         }
-        if !loaded.is_empty() {
-            for cluster in &theirs {
-                if let Ok(ca) = self.ca(cluster).await.ca {
-                    by_ca.entry(ca.fingerprint()).or_default().push(key(cluster));
-                }
-            }
-        }
+        let mut loaded = loaded;
         for sharing in by_ca.values().filter(|keys| keys.len() > 1) {
-            for k in sharing {
-                if !loaded.contains_key(k) {
-                    // Another replica's Cluster: that replica refuses it.
-                    continue;
-                }
+            for k in sharing.iter().filter(|k| mine_keys.contains(*k)) {
                 let others: Vec<&String> = sharing.iter().filter(|o| *o != k).collect();
                 problems.insert(
                     k.clone(),
@@ -201,14 +244,11 @@ impl Fleet {
                     ),
                 );
                 loaded.remove(k);
+                self.running.remove(k);
             }
         }
 
-        self.running.retain(|k, _| loaded.contains_key(k));
         for (k, (cluster, credentials)) in loaded {
-            if self.running.get(&k).is_some_and(|r| r.digest == credentials.digest) {
-                continue;
-            }
             let restarting = self.running.remove(&k).is_some();
             tracing::info!(cluster = %k, restarting, "serving workload cluster");
             if let Err(why) = &credentials.ca {
@@ -327,47 +367,149 @@ impl Fleet {
         });
     }
 
-    /// A Cluster's `<cluster>-ca`: the certificate, the key, and the CA or why it is unusable.
-    async fn ca(&self, cluster: &ClusterView) -> CaSecret {
-        let ca_name = format!("{}-ca", cluster.name);
-        let cert = self.secret(cluster, &ca_name, "tls.crt").await.unwrap_or_default();
-        let key = Zeroizing::new(self.secret(cluster, &ca_name, "tls.key").await.unwrap_or_default());
-        let ca = match (cert.is_empty(), key.is_empty()) {
-            (true, _) | (_, true) => Err(format!(
-                "Secret {ca_name} (keys tls.crt, tls.key) is missing or incomplete"
-            )),
-            _ => ClusterCa::from_pem(&cert, &key)
-                .map(Arc::new)
-                .map_err(|e| format!("Secret {ca_name}: {e}")),
+    /// Reads the Secrets that are due (see the module's documentation) and records what they
+    /// gave; returns the served Clusters to start a worker for (new, or Secrets changed).
+    async fn read_due(
+        &mut self,
+        mine: &[ClusterView],
+        theirs: &[ClusterView],
+        now: Instant,
+    ) -> BTreeMap<String, (ClusterView, Credentials)> {
+        use futures::StreamExt;
+        let due = |cluster: &ClusterView, own: bool| {
+            let k = key(cluster);
+            match self.known.get(&k) {
+                None => true,
+                Some(known) => {
+                    known.view != *cluster
+                        || known.own.is_some() != own
+                        || now >= known.due
+                        || (own && !self.running.contains_key(&k))
+                }
+            }
         };
-        CaSecret { cert, key, ca }
+        let own_due: Vec<ClusterView> = mine.iter().filter(|c| due(c, true)).cloned().collect();
+        // CAs of Clusters another replica serves matter only while this one serves some.
+        let others_due: Vec<ClusterView> = if mine.is_empty() {
+            Vec::new()
+        } else {
+            theirs.iter().filter(|c| due(c, false)).cloned().collect()
+        };
+        let this = &*self;
+        let own_reads: Vec<(ClusterView, OwnRead)> = futures::stream::iter(own_due)
+            .map(|cluster| async move {
+                let running = this.running.get(&key(&cluster)).map(|r| r.digest);
+                let read = this.read_own(&cluster, running).await;
+                (cluster, read)
+            })
+            .buffer_unordered(SECRET_READS_AT_ONCE)
+            .collect()
+            .await;
+        let other_reads: Vec<(ClusterView, Option<[u8; 32]>)> = futures::stream::iter(others_due)
+            .map(|cluster| async move {
+                let fingerprint = this.read_ca_fingerprint(&cluster).await;
+                (cluster, fingerprint)
+            })
+            .buffer_unordered(SECRET_READS_AT_ONCE)
+            .collect()
+            .await;
+
+        let settings = &self.shared.settings;
+        let mut fresh = BTreeMap::new();
+        for (cluster, read) in own_reads {
+            let k = key(&cluster);
+            let previous = self.known.get(&k).and_then(|known| known.ca_fingerprint);
+            let (ca_fingerprint, own, due) = match read {
+                OwnRead::Unchanged { digest } => (
+                    previous,
+                    Ok(digest),
+                    next_read(now, settings.secret_resync, &cluster.uid),
+                ),
+                OwnRead::Fresh {
+                    credentials,
+                    ca_fingerprint,
+                } => {
+                    let digest = credentials.digest;
+                    fresh.insert(k.clone(), (cluster.clone(), credentials));
+                    (
+                        ca_fingerprint,
+                        Ok(digest),
+                        next_read(now, settings.secret_resync, &cluster.uid),
+                    )
+                }
+                OwnRead::Invalid { why, ca_fingerprint } => (ca_fingerprint, Err(why), now + settings.resync),
+            };
+            self.known.insert(
+                k,
+                Known {
+                    view: cluster,
+                    due,
+                    ca_fingerprint,
+                    own: Some(own),
+                },
+            );
+        }
+        for (cluster, ca_fingerprint) in other_reads {
+            let due = next_read(now, settings.secret_resync, &cluster.uid);
+            self.known.insert(
+                key(&cluster),
+                Known {
+                    view: cluster,
+                    due,
+                    ca_fingerprint,
+                    own: None,
+                },
+            );
+        }
+        fresh
     }
 
-    /// A key of one of the Cluster's Secrets.
-    async fn secret(&self, cluster: &ClusterView, name: &str, field: &str) -> Result<Vec<u8>, String> {
+    /// A Secret's data, or why it cannot be had.
+    async fn secret(
+        &self,
+        cluster: &ClusterView,
+        name: &str,
+    ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, String> {
         self.shared
             .management
-            .secret_data(&cluster.namespace, name, field)
+            .secret(&cluster.namespace, name)
             .await
             .map_err(|e| format!("cannot read Secret {name}: {e}"))?
-            .ok_or_else(|| format!("Secret {name} (key {field}) is missing"))
+            .ok_or_else(|| format!("Secret {name} is missing"))
     }
 
-    async fn credentials(&self, cluster: &ClusterView) -> Result<Credentials, String> {
+    /// The fingerprint of the CA certificate in `<cluster>-ca`, `None` when there is none.
+    async fn read_ca_fingerprint(&self, cluster: &ClusterView) -> Option<[u8; 32]> {
+        let data = self.secret(cluster, &format!("{}-ca", cluster.name)).await.ok()?;
+        ClusterCa::certificate_fingerprint(&data.get("tls.crt")?.0).ok()
+    }
+
+    /// Reads a served Cluster's `<cluster>-kubeconfig` and `<cluster>-ca`; parses them and
+    /// builds a client only when they differ from what the running worker (`running`, its
+    /// digest) was started on.
+    async fn read_own(&self, cluster: &ClusterView, running: Option<[u8; 32]>) -> OwnRead {
         let kubeconfig_name = format!("{}-kubeconfig", cluster.name);
-        let kubeconfig = Zeroizing::new(self.secret(cluster, &kubeconfig_name, "value").await?);
-        let CaSecret {
-            cert: ca_cert,
-            key: ca_key,
-            ca,
-        } = self.ca(cluster).await;
-        let text = std::str::from_utf8(&kubeconfig).map_err(|_| format!("Secret {kubeconfig_name}: not UTF-8"))?;
-        let parsed = Kubeconfig::from_yaml(text).map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
-        let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
-        config.connect_timeout = Some(self.shared.settings.request_timeout);
-        let client = super::client::build(config).map_err(|e| format!("Secret {kubeconfig_name}: {e}"))?;
+        let ca_name = format!("{}-ca", cluster.name);
+        let (kubeconfig, ca_data) =
+            tokio::join!(self.secret(cluster, &kubeconfig_name), self.secret(cluster, &ca_name));
+        let field = |data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>, name: &str| {
+            Zeroizing::new(data.get(name).map(|b| b.0.clone()).unwrap_or_default())
+        };
+        let ca_data = ca_data.unwrap_or_default();
+        let (ca_cert, ca_key) = (field(&ca_data, "tls.crt"), field(&ca_data, "tls.key"));
+        let ca_fingerprint = ClusterCa::certificate_fingerprint(&ca_cert).ok();
+        let kubeconfig = match kubeconfig {
+            Ok(data) => match data.get("value") {
+                Some(value) => Zeroizing::new(value.0.clone()),
+                None => {
+                    return OwnRead::Invalid {
+                        why: format!("Secret {kubeconfig_name} (key value) is missing"),
+                        ca_fingerprint,
+                    };
+                }
+            },
+            Err(why) => return OwnRead::Invalid { why, ca_fingerprint },
+        };
         let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         for part in [kubeconfig.as_slice(), &ca_cert, &ca_key] {
             hasher.update(&(part.len() as u64).to_be_bytes());
@@ -375,6 +517,59 @@ impl Fleet {
         }
         let mut digest = [0u8; 32];
         digest.copy_from_slice(hasher.finish().as_ref());
-        Ok(Credentials { client, ca, digest })
+        if running == Some(digest) {
+            return OwnRead::Unchanged { digest };
+        }
+        let ca = match (ca_cert.is_empty(), ca_key.is_empty()) {
+            (true, _) | (_, true) => Err(format!(
+                "Secret {ca_name} (keys tls.crt, tls.key) is missing or incomplete"
+            )),
+            _ => ClusterCa::from_pem(&ca_cert, &ca_key)
+                .map(Arc::new)
+                .map_err(|e| format!("Secret {ca_name}: {e}")),
+        };
+        match self.client(&kubeconfig_name, &kubeconfig).await {
+            Ok(client) => OwnRead::Fresh {
+                credentials: Credentials { client, ca, digest },
+                ca_fingerprint,
+            },
+            Err(why) => OwnRead::Invalid { why, ca_fingerprint },
+        }
+    }
+
+    /// A client for the workload cluster from its kubeconfig.
+    async fn client(&self, secret_name: &str, kubeconfig: &[u8]) -> Result<Client, String> {
+        let text = std::str::from_utf8(kubeconfig).map_err(|_| format!("Secret {secret_name}: not UTF-8"))?;
+        let parsed = Kubeconfig::from_yaml(text).map_err(|e| format!("Secret {secret_name}: {e}"))?;
+        let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("Secret {secret_name}: {e}"))?;
+        config.connect_timeout = Some(self.shared.settings.request_timeout);
+        super::client::build(config).map_err(|e| format!("Secret {secret_name}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_reads_spread_over_the_last_quarter_of_the_period() {
+        let now = Instant::now();
+        let period = Duration::from_secs(300);
+        let delays: Vec<Duration> = (0..1000)
+            .map(|i| next_read(now, period, &format!("uid-{i}")) - now)
+            .collect();
+        assert!(delays.iter().all(|d| *d >= period.mul_f64(0.75) && *d <= period));
+        let early = delays.iter().filter(|d| **d < period.mul_f64(0.875)).count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 in the first half of the spread"
+        );
+        assert_eq!(
+            next_read(now, period, "a"),
+            next_read(now, period, "a"),
+            "the same on every pass"
+        );
     }
 }

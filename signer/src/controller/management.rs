@@ -333,15 +333,14 @@ impl Management {
         })
     }
 
-    /// A Secret's data key, `None` when the Secret or key is absent.
-    pub async fn secret_data(&self, namespace: &str, name: &str, key: &str) -> Result<Option<Vec<u8>>, kube::Error> {
+    /// A Secret's data (one GET for every key), `None` when the Secret is absent.
+    pub async fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<std::collections::BTreeMap<String, k8s_openapi::ByteString>>, kube::Error> {
         let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), namespace);
-        Ok(api
-            .get_opt(name)
-            .await?
-            .and_then(|s| s.data)
-            .and_then(|mut d| d.remove(key))
-            .map(|b| b.0))
+        Ok(api.get_opt(name).await?.map(|s| s.data.unwrap_or_default()))
     }
 }
 

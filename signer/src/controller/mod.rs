@@ -107,6 +107,10 @@ pub struct RunArgs {
     /// How often undecided CSRs are looked at again and cluster Secrets re-read.
     #[arg(long, env = "SIGNER_RESYNC_PERIOD", default_value = "30s", value_parser = humantime::parse_duration)]
     pub resync_period: std::time::Duration,
+    /// How often a served Cluster's `<cluster>-kubeconfig` and `<cluster>-ca` are read again
+    /// (they are also read at once when the Cluster changes); rotation takes effect within it.
+    #[arg(long, env = "SIGNER_SECRET_RESYNC_PERIOD", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub secret_resync_period: std::time::Duration,
     /// Most CSR names queued per cluster; more are picked up at the next resync.
     #[arg(long, env = "SIGNER_QUEUE_CAPACITY", default_value_t = 1000)]
     pub queue_capacity: usize,
@@ -345,6 +349,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             csr_max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
             keep_legacy_autoapprove: args.keep_legacy_autoapprove,
             resync: args.resync_period,
+            secret_resync: args.secret_resync_period,
             queue_capacity: args.queue_capacity,
             concurrency: args.concurrency_per_cluster,
             request_timeout: args.request_timeout,

@@ -73,9 +73,11 @@ pub struct Settings {
     pub csr_max_age: time::Duration,
     /// Leave kubeadm's auto-approve binding in place (still reported).
     pub keep_legacy_autoapprove: bool,
-    /// How often every undecided CSR is looked at again, Secrets re-read, the legacy binding
-    /// checked.
+    /// How often every undecided CSR is looked at again, the legacy binding checked, and the
+    /// Secrets of a Cluster that could not be served re-read.
     pub resync: Duration,
+    /// How often a served Cluster's Secrets are read again (rotation takes effect within it).
+    pub secret_resync: Duration,
     /// Bound of each cluster's queue.
     pub queue_capacity: usize,
     /// Most CSRs of one cluster in flight at once (the fleet's adaptive limit applies on top).
