@@ -351,26 +351,15 @@ async fn cluster_uid(admin: &Client, w: &Workload) -> String {
 
 /// `count` quiet opted-in Clusters in namespace `quiet` on one more apiserver.
 async fn add_quiet(etcd: &SharedEtcd, admin: &Client, count: usize) -> Workload {
-    let env = Envtest::start_on("signer-soak quiet", etcd);
-    let w = Workload::register(env, admin, "quiet", "quiet-0", "insecure").await;
-    for i in 1..count {
-        w.add_sibling(admin, &format!("quiet-{i}")).await;
-    }
-    w
+    live::quiet_clusters(Envtest::start_on("signer-soak quiet", etcd), admin, "quiet", count).await
 }
 
+/// `--signer-bin`, else `node-attestation-signer` next to this binary.
 fn signer_binary(args: &Args) -> PathBuf {
-    let path = args.signer_bin.clone().unwrap_or_else(|| {
-        std::env::current_exe()
-            .expect("own path")
-            .with_file_name("node-attestation-signer")
-    });
-    assert!(
-        path.exists(),
-        "{} not found: build it or pass --signer-bin",
-        path.display()
-    );
-    path
+    args.signer_bin.clone().unwrap_or_else(|| {
+        let me = std::env::current_exe().expect("own path");
+        live::sibling_binary(me.to_str().expect("UTF-8 path"), "node-attestation-signer")
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -846,6 +835,8 @@ impl Filing {
 /// One SIGKILL and what the killed replica served at that moment.
 struct Kill {
     at: Instant,
+    /// Since the first CSR was filed.
+    after_start: Duration,
     replica: String,
     down_for: Duration,
     /// Every Cluster it served (`<namespace>/<name>`).
@@ -861,6 +852,8 @@ struct Chaos {
     rng: Rng,
     loaded: usize,
     restart: Option<(usize, Instant)>,
+    /// When the first CSR was filed.
+    start: Instant,
 }
 
 impl Chaos {
@@ -924,6 +917,7 @@ impl Chaos {
         );
         self.kills.push(Kill {
             at: Instant::now(),
+            after_start: self.start.elapsed(),
             replica: replica.name.clone(),
             down_for,
             clusters,
@@ -961,6 +955,7 @@ async fn soak(args: &Args, world: World, plan: &Plan, seed: u64) -> Report {
         rng: Rng::new(seed ^ 0x4b49_4c4c),
         loaded: loaded.len(),
         restart: None,
+        start: Instant::now(),
     };
     eprintln!(
         "filing {} CSRs over {} ({} joins, {} renewals, {} duplicates), a kill every {}…",
@@ -971,7 +966,7 @@ async fn soak(args: &Args, world: World, plan: &Plan, seed: u64) -> Report {
         plan.count(Kind::Duplicate),
         secs(args.kill_every)
     );
-    let start = Instant::now();
+    let start = chaos.start;
     let filing_ends = start + args.duration;
     let stop = Mutex::new(false);
     let filing = async {
@@ -1091,7 +1086,7 @@ impl Report {
         report.kills = chaos
             .kills
             .iter()
-            .map(|k| kill_figures(k, &ledger, &chaos.log, chaos.kills[0].at, args))
+            .map(|k| kill_figures(k, &ledger, &chaos.log, args))
             .collect();
         report
     }
@@ -1193,7 +1188,7 @@ fn join_latencies(ledger: &Ledger, keep: impl Fn(usize, Instant) -> bool) -> Vec
     latencies
 }
 
-fn kill_figures(kill: &Kill, ledger: &Ledger, log: &ShardLog, first_kill: Instant, args: &Args) -> KillFigures {
+fn kill_figures(kill: &Kill, ledger: &Ledger, log: &ShardLog, args: &Args) -> KillFigures {
     let gains: Vec<&Gain> = kill
         .clusters
         .iter()
@@ -1214,7 +1209,7 @@ fn kill_figures(kill: &Kill, ledger: &Ledger, log: &ShardLog, first_kill: Instan
         .flatten();
     let window = kill.at..kill.at + args.around;
     KillFigures {
-        after_start: kill.at.saturating_duration_since(first_kill) + args.kill_every,
+        after_start: kill.after_start,
         replica: kill.replica.clone(),
         down_for: kill.down_for,
         clusters: kill.clusters.len(),
@@ -1292,8 +1287,8 @@ impl Report {
         );
         self.print_assignment();
         self.print_outcomes();
-        self.print_latencies();
-        self.print_kills();
+        self.print_latencies(args);
+        self.print_kills(args);
         self.print_rss();
         let verdict = if self.clean() { "PASS" } else { "FAIL" };
         println!(
@@ -1347,7 +1342,7 @@ impl Report {
         print_list("WRONGLY DENIED", &self.wrongly_denied);
     }
 
-    fn print_latencies(&self) {
+    fn print_latencies(&self, args: &Args) {
         let goal = LEASE + GOAL_SLACK;
         let mut around: Vec<Duration> = self.kills.iter().flat_map(|k| k.around.clone()).collect();
         let mut victims: Vec<Duration> = self.kills.iter().flat_map(|k| k.around_victim.clone()).collect();
@@ -1355,7 +1350,11 @@ impl Report {
         victims.sort();
         println!("\njoin latency (creation -> certificate observed):");
         println!("  overall:                    {}", quantiles(&self.join_latencies));
-        println!("  filed within 20 s of a kill: {}", quantiles(&around));
+        println!(
+            "  filed within {} after a kill: {}",
+            secs(args.around),
+            quantiles(&around)
+        );
         println!("    in the killed replica's clusters: {}", quantiles(&victims));
         let p99 = percentile(&around, 99.0).max(percentile(&victims, 99.0));
         println!(
@@ -1371,7 +1370,7 @@ impl Report {
         );
     }
 
-    fn print_kills(&self) {
+    fn print_kills(&self, args: &Args) {
         if self.kills.is_empty() {
             return;
         }
@@ -1385,7 +1384,7 @@ impl Report {
                 .map(|(c, d)| format!("c{c} {}", d.map_or("never".to_owned(), secs)))
                 .collect();
             println!(
-                "  {}. t={:>5.0} s replica {} down {}: {} Clusters, taken over in {} by {:?}; next certificate: {}; joins filed in the next 20 s: {} (victim's clusters p99 {})",
+                "  {}. t={:>5.0} s replica {} down {}: {} Clusters, taken over in {} by {:?}; next certificate: {}; joins filed in the next {}: {} (victim's clusters p99 {})",
                 i + 1,
                 k.after_start.as_secs_f64(),
                 k.replica,
@@ -1398,6 +1397,7 @@ impl Report {
                 } else {
                     served.join(", ")
                 },
+                secs(args.around),
                 quantiles(&k.around),
                 secs(percentile(&k.around_victim, 99.0)),
             );
@@ -1447,7 +1447,7 @@ fn first(items: &[String], n: usize) -> &[String] {
 }
 
 #[cfg(test)]
-mod tests {
+mod unit {
     use super::*;
 
     #[test]
