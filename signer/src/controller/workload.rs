@@ -803,16 +803,14 @@ impl Worker {
 
 /// What the watch cache keeps of a CSR. A decided CSR is only ever looked at for its stage,
 /// names and annotations (a TPM CSR #1 that is finished fails phase 2 before its request is
-/// read), so its request and certificate are dropped: 5,000 junk CSRs denied in a flood then
-/// cost their metadata, not their payloads, until kube-controller-manager's cleaner deletes
-/// them.
+/// read), so its request is dropped: 5,000 junk CSRs denied in a flood then cost their
+/// metadata, not their payloads, until kube-controller-manager's cleaner deletes them. The
+/// certificate stays: it is what makes an issued CSR finished ([`stage`]); without it the CSR
+/// would look approved and unsigned, and be signed again (refused by the apiserver, forever).
 fn slim(csr: &mut CertificateSigningRequest) {
     csr.managed_fields_mut().clear();
     if stage(csr) == Stage::Done {
         csr.spec.request = k8s_openapi::ByteString(Vec::new());
-        if let Some(status) = csr.status.as_mut() {
-            status.certificate = None;
-        }
     }
 }
 
@@ -873,6 +871,28 @@ mod tests {
             &[],
             false
         )));
+    }
+
+    #[test]
+    fn the_watch_cache_drops_what_a_finished_csr_no_longer_needs_and_keeps_it_finished() {
+        use attestation::names::SIGNER_INSECURE;
+        let mut issued = csr(SIGNER_INSECURE, &["Approved"], true);
+        issued.spec.request = k8s_openapi::ByteString(b"request".to_vec());
+        slim(&mut issued);
+        assert!(issued.spec.request.0.is_empty());
+        assert_eq!(stage(&issued), Stage::Done, "still finished: never signed again");
+        assert!(!needs_us(&issued));
+
+        let mut denied = csr(SIGNER_INSECURE, &["Denied"], false);
+        denied.spec.request = k8s_openapi::ByteString(b"request".to_vec());
+        slim(&mut denied);
+        assert!(denied.spec.request.0.is_empty());
+        assert!(!needs_us(&denied));
+
+        let mut approved = csr(SIGNER_INSECURE, &["Approved"], false);
+        approved.spec.request = k8s_openapi::ByteString(b"request".to_vec());
+        slim(&mut approved);
+        assert_eq!(approved.spec.request.0, b"request", "an approved, unsigned CSR is still to sign");
     }
 
     #[test]
