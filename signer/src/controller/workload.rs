@@ -124,10 +124,20 @@ pub struct Worker {
     writer: Mutex<Option<reflector::store::Writer<CertificateSigningRequest>>>,
     first_seen: Mutex<HashMap<String, OffsetDateTime>>,
     attempts: Mutex<HashMap<String, u32>>,
+    /// UIDs of CSRs this worker finished (signed, denied, failed) whose final state the watch
+    /// cache may not show yet: the `Approved` event of our own approval queues the CSR again,
+    /// and deciding it from the stale copy would only re-read the Machine and have the
+    /// certificate write refused (409). Forgotten once the cache shows it finished, or after
+    /// [`FINISHED_MEMORY`], whichever is first.
+    finished: Mutex<HashMap<String, std::time::Instant>>,
     state: Mutex<ClusterState>,
     /// When this cluster's owner was last told the `tpm/v1` challenge key is missing.
     key_warned: Mutex<Option<std::time::Instant>>,
 }
+
+/// How long a CSR this worker finished is left alone while the watch cache catches up. The
+/// resync after it looks again, so a lost watch event costs at most this and a resync period.
+const FINISHED_MEMORY: Duration = Duration::from_secs(60);
 
 /// Least time between two `TpmChallengeKeyUnavailable` Events on one Cluster.
 const KEY_WARNING_INTERVAL: Duration = Duration::from_secs(300);
@@ -227,6 +237,7 @@ impl Worker {
             writer: Mutex::new(Some(writer)),
             first_seen: Mutex::default(),
             attempts: Mutex::default(),
+            finished: Mutex::default(),
             state: Mutex::new(ClusterState::Unreachable),
             key_warned: Mutex::default(),
         })
@@ -293,6 +304,7 @@ impl Worker {
                     if let Some(uid) = csr.uid() {
                         lock(&self.first_seen).remove(&uid);
                         lock(&self.attempts).remove(&uid);
+                        lock(&self.finished).remove(&uid);
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -322,6 +334,7 @@ impl Worker {
             let live: std::collections::HashSet<String> = pending.iter().filter_map(|c| c.uid()).collect();
             lock(&self.first_seen).retain(|uid, _| live.contains(uid));
             lock(&self.attempts).retain(|uid, _| live.contains(uid));
+            lock(&self.finished).retain(|uid, at| live.contains(uid) && at.elapsed() < FINISHED_MEMORY);
             for csr in pending {
                 self.enqueue(&csr.name_any());
             }
@@ -375,6 +388,14 @@ impl Worker {
             return Answer::Idle;
         };
         if !needs_us(&csr) {
+            return Answer::Idle;
+        }
+        if csr
+            .uid()
+            .and_then(|uid| lock(&self.finished).get(&uid).copied())
+            .is_some_and(|at| at.elapsed() < FINISHED_MEMORY)
+        {
+            tracing::debug!("finished by this worker; the watch cache has not caught up yet");
             return Answer::Idle;
         }
         let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
@@ -481,6 +502,12 @@ impl Worker {
         }
     }
 
+    fn mark_finished(&self, csr: &CertificateSigningRequest) {
+        if let Some(uid) = csr.uid() {
+            lock(&self.finished).insert(uid, std::time::Instant::now());
+        }
+    }
+
     fn count(&self, csr: &CertificateSigningRequest, decision: &str, reason: &str) {
         self.shared.metrics.decision(DecisionLabels {
             cluster: self.key.clone(),
@@ -532,6 +559,7 @@ impl Worker {
         };
         written.map_err(ApplyError::from_kube)?;
         tracing::info!(reason, message, "{what}");
+        self.mark_finished(csr);
         self.count(csr, condition_type, reason);
         let text = format!("CSR {name} {what} ({reason}): {message}");
         self.event(decision, EventType::Warning, event_reason, &text);
@@ -601,6 +629,7 @@ impl Worker {
                 .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
         }
         tracing::info!(reason, not_after = %certificate.not_after, "approved and signed");
+        self.mark_finished(csr);
         if let Some(earlier) = &decision.supersedes {
             self.supersede(earlier, &name, decision).await;
         }
@@ -892,7 +921,10 @@ mod tests {
         let mut approved = csr(SIGNER_INSECURE, &["Approved"], false);
         approved.spec.request = k8s_openapi::ByteString(b"request".to_vec());
         slim(&mut approved);
-        assert_eq!(approved.spec.request.0, b"request", "an approved, unsigned CSR is still to sign");
+        assert_eq!(
+            approved.spec.request.0, b"request",
+            "an approved, unsigned CSR is still to sign"
+        );
     }
 
     #[test]
