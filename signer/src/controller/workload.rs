@@ -833,15 +833,22 @@ impl Worker {
 /// What the watch cache keeps of a CSR. A decided CSR is only ever looked at for its stage,
 /// names and annotations (a TPM CSR #1 that is finished fails phase 2 before its request is
 /// read), so its request is dropped: 5,000 junk CSRs denied in a flood then cost their
-/// metadata, not their payloads, until kube-controller-manager's cleaner deletes them. The
-/// certificate stays: it is what makes an issued CSR finished ([`stage`]); without it the CSR
-/// would look approved and unsigned, and be signed again (refused by the apiserver, forever).
+/// metadata, not their payloads, until kube-controller-manager's cleaner deletes them. An issued
+/// certificate becomes [`ISSUED`]: a certificate is what makes an issued CSR finished
+/// ([`stage`]), and without one the CSR would look approved and unsigned and be signed again
+/// (refused by the apiserver, forever); nothing reads the certificate itself from the cache.
 fn slim(csr: &mut CertificateSigningRequest) {
     csr.managed_fields_mut().clear();
     if stage(csr) == Stage::Done {
         csr.spec.request = k8s_openapi::ByteString(Vec::new());
+        if let Some(certificate) = csr.status.as_mut().and_then(|s| s.certificate.as_mut()) {
+            *certificate = k8s_openapi::ByteString(ISSUED.to_vec());
+        }
     }
 }
+
+/// What the watch cache keeps of an issued certificate (about 1 KiB of PEM otherwise).
+const ISSUED: &[u8] = b"issued";
 
 fn push_condition(csr: &mut CertificateSigningRequest, condition: CertificateSigningRequestCondition) {
     csr.status
@@ -909,6 +916,14 @@ mod tests {
         issued.spec.request = k8s_openapi::ByteString(b"request".to_vec());
         slim(&mut issued);
         assert!(issued.spec.request.0.is_empty());
+        assert_eq!(
+            issued
+                .status
+                .as_ref()
+                .and_then(|s| s.certificate.as_ref())
+                .map(|c| c.0.as_slice()),
+            Some(ISSUED)
+        );
         assert_eq!(stage(&issued), Stage::Done, "still finished: never signed again");
         assert!(!needs_us(&issued));
 
