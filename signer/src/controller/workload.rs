@@ -293,11 +293,20 @@ impl Worker {
             .reflect(writer)
             .boxed();
         let mut backoff = Backoff::default();
+        // A list's objects reach the store only at its end (the reflector swaps the whole list
+        // in at InitDone): names queued earlier were taken while the store did not hold them
+        // yet, and so left for the next resync (30 s after every restart or hand-over).
+        let mut listed: Vec<String> = Vec::new();
         while let Some(event) = events.next().await {
             match event {
-                Ok(watcher::Event::Apply(csr) | watcher::Event::InitApply(csr)) => {
+                Ok(watcher::Event::Apply(csr)) => {
                     if needs_us(&csr) {
                         self.enqueue(&csr.name_any());
+                    }
+                }
+                Ok(watcher::Event::InitApply(csr)) => {
+                    if needs_us(&csr) {
+                        listed.push(csr.name_any());
                     }
                 }
                 Ok(watcher::Event::Delete(csr)) => {
@@ -308,6 +317,9 @@ impl Worker {
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
+                    for name in listed.drain(..) {
+                        self.enqueue(&name);
+                    }
                     if *lock(&self.state) != ClusterState::Ready {
                         tracing::info!("watching CSRs of the workload cluster");
                         self.nodes.retry_now();
@@ -315,7 +327,7 @@ impl Worker {
                     *lock(&self.state) = ClusterState::Ready;
                     backoff.reset();
                 }
-                Ok(watcher::Event::Init) => {}
+                Ok(watcher::Event::Init) => listed.clear(),
                 Err(e) => {
                     if *lock(&self.state) != ClusterState::Unreachable {
                         tracing::warn!(error = %e, "workload apiserver unreachable; retrying with backoff");
