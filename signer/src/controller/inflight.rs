@@ -288,6 +288,19 @@ impl InFlight {
 mod tests {
     use super::*;
 
+    /// A limiter of exactly one slot.
+    fn one_slot() -> Arc<InFlight> {
+        InFlight::new(
+            Tuning {
+                initial: 1.0,
+                min: 1.0,
+                max: 1.0,
+                ..Tuning::default()
+            },
+            InFlightGauges::default(),
+        )
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
@@ -339,15 +352,7 @@ mod tests {
 
     #[tokio::test]
     async fn slots_go_to_waiting_clusters_in_turn() {
-        let limiter = InFlight::new(
-            Tuning {
-                initial: 1.0,
-                min: 1.0,
-                max: 1.0,
-                ..Tuning::default()
-            },
-            InFlightGauges::default(),
-        );
+        let limiter = one_slot();
         let (flood, quiet): (Arc<str>, Arc<str>) = ("flood".into(), "quiet".into());
         let first = limiter.acquire(&flood).await;
         let order = Arc::new(Mutex::new(Vec::new()));
@@ -382,15 +387,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_that_goes_away_holds_no_slot() {
-        let limiter = InFlight::new(
-            Tuning {
-                initial: 1.0,
-                min: 1.0,
-                max: 1.0,
-                ..Tuning::default()
-            },
-            InFlightGauges::default(),
-        );
+        let limiter = one_slot();
         let cluster: Arc<str> = "c".into();
         let held = limiter.acquire(&cluster).await;
         let gone = {

@@ -49,6 +49,17 @@ struct IndexState {
 }
 
 impl IndexState {
+    /// Why lookups cannot be answered now, if they cannot.
+    fn unavailable(&self) -> Option<NodeLookup> {
+        (!self.live).then(|| {
+            NodeLookup::Unavailable(
+                self.why_not
+                    .clone()
+                    .unwrap_or_else(|| "the workload cluster's Nodes are not listed yet".to_owned()),
+            )
+        })
+    }
+
     fn insert(&mut self, name: String, provider_id: Option<String>) {
         self.remove(&name);
         if let Some(pid) = &provider_id {
@@ -88,13 +99,8 @@ impl NodeIndex {
     /// A Node carrying `provider_id`.
     pub fn with_provider_id(&self, provider_id: &str) -> NodeLookup {
         let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !state.live {
-            return NodeLookup::Unavailable(
-                state
-                    .why_not
-                    .clone()
-                    .unwrap_or_else(|| "the workload cluster's Nodes are not listed yet".to_owned()),
-            );
+        if let Some(unavailable) = state.unavailable() {
+            return unavailable;
         }
         match state.by_provider_id.get(provider_id).and_then(|names| names.first()) {
             Some(name) => NodeLookup::Found(NodeView {
@@ -108,13 +114,8 @@ impl NodeIndex {
     /// The Node called `name`.
     pub fn with_name(&self, name: &str) -> NodeLookup {
         let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !state.live {
-            return NodeLookup::Unavailable(
-                state
-                    .why_not
-                    .clone()
-                    .unwrap_or_else(|| "the workload cluster's Nodes are not listed yet".to_owned()),
-            );
+        if let Some(unavailable) = state.unavailable() {
+            return unavailable;
         }
         match state.by_name.get(name) {
             Some(provider_id) => NodeLookup::Found(NodeView {
