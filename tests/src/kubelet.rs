@@ -618,6 +618,19 @@ impl Drop for Containerd {
     }
 }
 
+/// kube-controller-manager's flags against `env`: as admin, running `controllers`, signing with
+/// the apiserver's client CA (so its certificates authenticate), no leader election, no port.
+pub fn controller_manager_args(env: &Envtest, controllers: &[&str]) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", env.admin_kubeconfig.display()),
+        format!("--controllers={}", controllers.join(",")),
+        format!("--cluster-signing-cert-file={}", env.client_ca.cert_path.display()),
+        format!("--cluster-signing-key-file={}", env.client_ca.key_path.display()),
+        "--leader-elect=false".into(),
+        "--secure-port=0".into(),
+        "--v=2".into(),
+    ]
+}
 /// kube-controller-manager running the CSR controllers only (`csrsigning`, `csrapproving`) as
 /// the workload cluster's: it signs approved CSRs of the `kubernetes.io` signers (kubelet
 /// serving certificates among them) with the cluster CA ([`Envtest::client_ca`]). Its
@@ -642,17 +655,7 @@ impl ControllerManager {
         host.recorder().folder(dir.path());
         let log = dir.path().join("kube-controller-manager.log");
         let child = Command::new(assets.join("kube-controller-manager"))
-            .arg(format!("--kubeconfig={}", env.admin_kubeconfig.display()))
-            .arg(format!("--controllers={}", controllers.join(",")))
-            .arg(format!(
-                "--cluster-signing-cert-file={}",
-                env.client_ca.cert_path.display()
-            ))
-            .arg(format!(
-                "--cluster-signing-key-file={}",
-                env.client_ca.key_path.display()
-            ))
-            .args(["--leader-elect=false", "--secure-port=0", "--v=2"])
+            .args(controller_manager_args(env, controllers))
             .stdin(Stdio::null())
             .stdout(log_file(&log))
             .stderr(log_file(&log))

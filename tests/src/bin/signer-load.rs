@@ -715,17 +715,10 @@ impl ControllerManager {
         let log = dir.path().join("kube-controller-manager.log");
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(binary)
-            .arg(format!("--kubeconfig={}", env.admin_kubeconfig.display()))
-            .arg("--controllers=csrapproving,csrsigning")
-            .arg(format!(
-                "--cluster-signing-cert-file={}",
-                env.client_ca.cert_path.display()
+            .args(tests::kubelet::controller_manager_args(
+                env,
+                &["csrapproving", "csrsigning"],
             ))
-            .arg(format!(
-                "--cluster-signing-key-file={}",
-                env.client_ca.key_path.display()
-            ))
-            .args(["--leader-elect=false", "--secure-port=0", "--v=2"])
             .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::from(file.try_clone().expect("log file")))
