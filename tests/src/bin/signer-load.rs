@@ -39,7 +39,7 @@ use serde_json::json;
 use tests::csr::{RequestSpec, subject};
 use tests::envtest::{self, Envtest, SharedEtcd};
 use tests::live::{self, Final, Signer, Workload, apply, file_csr};
-use tests::stats::{mib, percentile, proc_status_kib, secs};
+use tests::stats::{CpuTimes, mib, percentile, proc_status_kib, secs};
 
 /// kube-controller-manager's signer for kubelet client certificates.
 const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
@@ -368,6 +368,11 @@ struct Run {
     /// The harness's CSR creations the apiservers answered 429 (retried after 200 ms: their
     /// latency counts from the first attempt).
     creations_throttled: f64,
+    /// Seconds of CPU each role used over the window (kube-apiserver, etcd, the controller,
+    /// the harness, other processes).
+    cpu: BTreeMap<String, f64>,
+    /// The share of the machine's cores that was busy over the window.
+    cores_busy: f64,
 }
 
 impl Run {
@@ -408,6 +413,7 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
     let total: usize = waves.iter().map(|w| w.filings.len()).sum();
     eprintln!("{who}: filing {total} CSRs…");
 
+    let cpu_before = CpuTimes::take();
     let start = Instant::now();
     let filed_at: HashMap<(usize, String), Instant> =
         futures::future::join_all(waves.iter().map(|wave| file_wave(apis, wave, start)))
@@ -419,6 +425,7 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
     while seen.lock().unwrap().len() < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let cpu_after = CpuTimes::take();
     let (peak_rss_kib, rss_after_kib) = (
         proc_status_kib(pid, "VmHWM").unwrap_or(0),
         proc_status_kib(pid, "VmRSS").unwrap_or(0),
@@ -447,6 +454,8 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
             .copied()
             .unwrap_or(0.0),
         calls: without_own_calls(all_calls, apis.counted.len(), relists),
+        cpu: cpu_before.used_since(&cpu_after, |p, comm| Some(cpu_role(p, comm, pid))),
+        cores_busy: cpu_before.machine_busy_since(&cpu_after),
         management_calls: after
             .management
             .zip(before.management)
@@ -1019,6 +1028,18 @@ fn max_of(durations: &[Duration]) -> Duration {
     durations.iter().copied().max().unwrap_or_default()
 }
 
+/// Whose CPU time a process's is: the measured controller's, the harness's, the apiservers',
+/// etcd's or another process's.
+fn cpu_role(process: u32, comm: &str, controller: u32) -> String {
+    match comm {
+        _ if process == controller => "controller",
+        _ if process == std::process::id() => "harness",
+        "kube-apiserver" | "etcd" => comm,
+        _ => "other",
+    }
+    .to_owned()
+}
+
 fn ratio(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(f64::EPSILON)
 }
@@ -1052,6 +1073,23 @@ fn print_table(runs: &[Run]) {
             secs(run.percentile(90.0)),
             run.issued() as f64 / run.all_issued.as_secs_f64().max(f64::EPSILON),
             run.creations_throttled
+        );
+    }
+    println!(
+        "\nCPU per issued CSR over each window (/proc; the cores are shared, so a run whose cores are all busy is bound by CPU, not round trips):"
+    );
+    for run in runs {
+        let per_csr = |role: &str| 1000.0 * run.cpu.get(role).copied().unwrap_or(0.0) / run.issued().max(1) as f64;
+        let all: f64 = run.cpu.values().sum::<f64>() * 1000.0 / run.issued().max(1) as f64;
+        println!(
+            "  {}: kube-apiserver {:.1} ms, etcd {:.1} ms, controller {:.1} ms, harness {:.1} ms, other {:.1} ms; all {all:.1} ms; cores busy {:.0}%",
+            run.who,
+            per_csr("kube-apiserver"),
+            per_csr("etcd"),
+            per_csr("controller"),
+            per_csr("harness"),
+            per_csr("other"),
+            100.0 * run.cores_busy
         );
     }
 }
