@@ -1,11 +1,13 @@
 //! How many CSRs the whole fleet works on at once, sized by what the apiservers answer, and
 //! handed to clusters in turn.
 //!
-//! A join is a handful of round trips (the claim, `/approval`, the re-check, `/status`), so the
-//! signer is bound by how many it keeps in flight, not by CPU. A fixed count per cluster is too
-//! few for one cluster's scale-up and too many for a thousand clusters' at once; so the count
-//! is one number for the fleet, adapted the way TCP and Netflix's `concurrency-limits`
-//! (Gradient2) adapt a window:
+//! A join is a handful of round trips (the claim, `/approval`, the re-check, `/status`), so
+//! where the apiservers have cores to spare the signer is bound by how many it keeps in flight,
+//! not by its CPU (where they do not, their CPU bounds everyone, and the window only keeps
+//! requests from queueing in them: `signer-load` prints CPU per issued CSR). A fixed count per
+//! cluster is too few for one cluster's scale-up and too many for a thousand clusters' at once;
+//! so the count is one number for the fleet, adapted the way TCP and Netflix's
+//! `concurrency-limits` (Gradient2) adapt a window:
 //!
 //! - while a slot's round trips take no longer than [`Tuning::tolerance`] times the long-run
 //!   average, the limit grows by about its square root per window: the apiservers keep up;
