@@ -3,7 +3,10 @@
 //! controller, the time from the first creation to the last certificate observed, each CSR's
 //! latency (creation to certificate observed), the controller's peak RSS and the API calls it
 //! made per issued CSR (`apiserver_request_total` of every apiserver involved, before and
-//! after, less the harness's own calls). Each run gets fresh apiservers and etcd.
+//! after, less the harness's own calls). Each run gets fresh apiservers and etcd. It also prints
+//! the CPU every process used per issued CSR over the window and how busy the cores were
+//! (`/proc`): on a machine where the apiservers share the cores with everything else, a run
+//! whose cores are all busy is bound by CPU, and its time follows the CPU per join.
 //!
 //! Scenarios (`--scenario`):
 //! - `storm` (default): kube-controller-manager (`--kube-api-qps=1000 --kube-api-burst=2000`,
