@@ -156,6 +156,41 @@ fn shared_by(live: &[(&str, &Signer)], replicas: usize, each_serves: bool) -> bo
         && live.iter().map(|(_, s)| ready(s)).sum::<f64>() == FLEET
 }
 
+/// The replica among `live` that serves the Cluster by the replicas' own logs: the last
+/// `shard hand-over` line for the Cluster that says `gained` names it, and it has not logged
+/// releasing it since. The processes' own word, not the Events (which can trail a hand-over:
+/// they are queued and, under a burst, folded).
+fn owner_by_log(live: &[(&str, &Signer)], w: &Workload) -> Option<String> {
+    let cluster = format!("cluster={}/{} ", w.namespace, w.cluster);
+    // The replicas may share one log file: one ordered set of lines (they start with the time).
+    let lines: std::collections::BTreeSet<String> = live
+        .iter()
+        .flat_map(|(_, s)| {
+            s.log()
+                .lines()
+                .filter(|l| l.contains("shard hand-over") && l.contains(&cluster))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let replica_of = |line: &str| {
+        live.iter()
+            .map(|(n, _)| *n)
+            .find(|n| line.contains(&format!("replica={} ", member(n))))
+    };
+    let (at, gained) = lines
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, l)| l.contains("direction=\"gained\""))?;
+    let owner = replica_of(gained)?;
+    let released_since = lines
+        .iter()
+        .skip(at + 1)
+        .any(|l| l.contains("direction=\"released\"") && replica_of(l) == Some(owner));
+    (!released_since).then(|| owner.to_owned())
+}
+
 /// The replica whose latest `ShardAcquired` Event on the Cluster names it.
 async fn owner(management: &Client, w: &Workload) -> Option<String> {
     let api: Api<Event> = Api::namespaced(management.clone(), &w.namespace);
@@ -178,17 +213,6 @@ async fn owner(management: &Client, w: &Workload) -> Option<String> {
         .iter()
         .find(|r| note.contains(&format!("signer replica {} serves", member(r))))
         .map(|r| (*r).to_owned())
-}
-
-async fn owner_within(management: &Client, w: &Workload, within: Duration) -> String {
-    let start = Instant::now();
-    loop {
-        if let Some(owner) = owner(management, w).await {
-            return owner;
-        }
-        assert!(start.elapsed() < within, "no ShardAcquired Event on {}", w.cluster);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,7 +284,19 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
     }
 
     // SIGKILL the replica serving alpha: no Lease deleted, no goodbye. Its clusters move.
-    let victim = owner_within(&management, &alpha, Duration::from_secs(10)).await;
+    let live: Vec<(&str, &Signer)> = replicas.iter().map(|(n, s)| (*n, s)).collect();
+    let started = Instant::now();
+    let victim = loop {
+        if let Some(owner) = owner_by_log(&live, &alpha) {
+            break owner;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no replica's log says it serves alpha:\n{}",
+            replicas[0].1.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let index = replicas.iter().position(|(n, _)| *n == victim).unwrap();
     replicas[index].1.kill();
     let killed = Instant::now();
