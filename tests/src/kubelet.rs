@@ -631,6 +631,7 @@ pub fn controller_manager_args(env: &Envtest, controllers: &[&str]) -> Vec<Strin
         "--v=2".into(),
     ]
 }
+
 /// kube-controller-manager running the CSR controllers only (`csrsigning`, `csrapproving`) as
 /// the workload cluster's: it signs approved CSRs of the `kubernetes.io` signers (kubelet
 /// serving certificates among them) with the cluster CA ([`Envtest::client_ca`]). Its

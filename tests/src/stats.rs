@@ -85,7 +85,11 @@ impl CpuTimes {
 
 /// `(comm, utime + stime)` of `/proc/<pid>/stat`.
 fn proc_stat_cpu(pid: u32) -> Option<(String, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_proc_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// `(comm, utime + stime)` of one `/proc/<pid>/stat` text.
+fn parse_proc_stat(stat: &str) -> Option<(String, u64)> {
     // The name is in parentheses and may hold spaces and parentheses itself.
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
@@ -154,9 +158,11 @@ mod tests {
 
     #[test]
     fn proc_stat_names_with_parentheses() {
-        let (comm, ticks) = proc_stat_cpu(std::process::id()).expect("own /proc/<pid>/stat");
-        assert!(!comm.is_empty());
-        assert!(ticks < u64::MAX);
+        let stat = "4242 (tokio) (rt worker) S 1 4242 4242 0 -1 4194560 1 0 0 0 \
+                    120 35 0 0 20 0 9 0 100 0 0";
+        assert_eq!(parse_proc_stat(stat), Some(("tokio) (rt worker".to_owned(), 155)));
+        assert_eq!(parse_proc_stat("4242 (short) S 1 2"), None);
+        assert!(proc_stat_cpu(std::process::id()).is_some(), "own /proc/<pid>/stat");
     }
 
     #[test]
