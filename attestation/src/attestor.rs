@@ -143,6 +143,8 @@ pub struct Evidence<'a> {
     pub data: Option<&'a [u8]>,
     /// The CSR, already signature-checked.
     pub csr: &'a ParsedCsr,
+    /// The CSR's provider ID (rule 8 held): what a cloud statement must name.
+    pub provider_id: &'a crate::identity::ProviderId,
     /// The CSR object (name, UID, requester, annotations).
     pub object: &'a crate::rules::CsrObject,
     /// Other CSRs of the workload cluster.
@@ -165,6 +167,10 @@ pub enum Verification {
     Verified {
         /// SHA-256 (lowercase hex) of the canonical EK SPKI, for hardware-backed providers.
         ek_sha256: Option<String>,
+        /// The cloud instance proven (`gcp:<project>/<id>`, `aws:<account>/<id>`), for cloud
+        /// identity providers: recorded in the claim, and required of every later CSR for
+        /// the Machine (SPEC rule 12).
+        instance: Option<String>,
         /// What was verified, for the rule's note.
         note: String,
         /// An earlier CSR this one replaces (TPM phase 1): the signer denies it `Superseded`
@@ -186,6 +192,15 @@ pub enum Verification {
     /// the CSR waits, like any transient gap, until `--csr-max-age`.
     Pending {
         /// What is awaited.
+        message: String,
+    },
+    /// The evidence cannot be judged until the signer asks the cloud something (Google's
+    /// current keys, STS's answer): the controller makes `call` and decides again; the CSR
+    /// waits meanwhile, like any transient gap.
+    NeedsCloud {
+        /// What to ask.
+        call: crate::cloud::CloudCall,
+        /// Why, for the rule's note.
         message: String,
     },
     /// The evidence does not hold.

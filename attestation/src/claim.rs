@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::machine::TargetRef;
 use crate::names::{ANNOTATION_CLAIM, ANNOTATION_POOL_CLAIMS};
 
-/// One claim record: `{"nodeName","providerID","csrUID","ekSHA256"?,"claimedAt"}`.
+/// One claim record: `{"nodeName","providerID","csrUID","ekSHA256"?,"instance"?,"claimedAt"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeletClaim {
@@ -26,6 +26,11 @@ pub struct KubeletClaim {
     /// SHA-256 of the canonical EK SubjectPublicKeyInfo, for TPM-attested claims.
     #[serde(rename = "ekSHA256", default, skip_serializing_if = "Option::is_none")]
     pub ek_sha256: Option<String>,
+    /// The cloud instance a cloud identity provider proved (`gcp:<project_id>/<instance_id>`,
+    /// `aws:<accountId>/<instanceId>`): from then on only that provider proving that instance
+    /// may renew (SPEC rule 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// RFC 3339 time of the claim.
     #[serde(rename = "claimedAt")]
     pub claimed_at: String,
@@ -182,6 +187,7 @@ mod tests {
             provider_id: pid.into(),
             csr_uid: "u".into(),
             ek_sha256: None,
+            instance: None,
             claimed_at: "2026-01-01T00:00:00Z".into(),
         }
     }

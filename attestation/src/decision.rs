@@ -262,6 +262,10 @@ pub struct Decision {
     /// without parsing it again.
     #[serde(skip)]
     pub issuance: Option<Issuance>,
+    /// Calls to a cloud a verifier needs made before it can judge (the outcome is then
+    /// `Retry`): the controller makes them and decides again.
+    #[serde(skip)]
+    pub cloud_calls: Vec<crate::cloud::CloudCall>,
 }
 
 /// What an approved client CSR hands to the CA.

@@ -49,6 +49,7 @@ impl Verifier for InsecureVerifier {
         match evidence.data {
             None => Verification::Verified {
                 ek_sha256: None,
+                instance: None,
                 note: "insecure/v1: nothing to verify".into(),
                 supersedes: None,
             },

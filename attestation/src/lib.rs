@@ -3,19 +3,23 @@
 //! - [`envelope`] and [`csr`]: the `spec.request` wire format (SPEC section 2) and PKCS#10.
 //! - [`rules`]: the pure rule engine of SPEC sections 3 and 4, returning a [`Decision`].
 //! - [`machine`] and [`claim`]: read-only views of Cluster API objects and the signer's claim.
-//! - [`attestor`]: the provider trait pair; [`insecure`] is `insecure/v1`.
+//! - [`attestor`]: the provider trait pair; [`insecure`] is `insecure/v1`, [`tpm`] `tpm/v1`,
+//!   [`gcp`] and [`aws`] the cloud identity providers ([`cloud`] holds what they share).
 //! - [`ca`]: the workload cluster CA and certificate issuance.
 //! - [`request`]: the node side: keys, CSRs and envelopes.
 //!
 //! Like `kube-core`, this crate does no I/O: no client, no files, no clock.
 
 pub mod attestor;
+pub mod aws;
 pub mod ca;
 pub mod claim;
+pub mod cloud;
 pub mod csr;
 pub mod decision;
 mod digest;
 pub mod envelope;
+pub mod gcp;
 pub mod identity;
 pub mod insecure;
 pub mod machine;

@@ -236,6 +236,9 @@ pub struct ClusterView {
     pub opted_in: bool,
     /// Allowed attestor providers; `["tpm"]` when the annotation is absent.
     pub allowed_attestors: Vec<String>,
+    /// The Cluster's `cluster.x-k8s.io/kubelet-*` annotations (a provider's own settings, such
+    /// as the cloud allow-lists, read by that provider's verifier); nothing else is kept.
+    pub kubelet_annotations: std::collections::BTreeMap<String, String>,
 }
 
 impl ClusterView {
@@ -247,7 +250,20 @@ impl ClusterView {
             uid: String::new(),
             opted_in: true,
             allowed_attestors: allowed.iter().map(|s| (*s).to_owned()).collect(),
+            kubelet_annotations: std::collections::BTreeMap::new(),
         }
+    }
+
+    /// The same Cluster with one more `cluster.x-k8s.io/kubelet-*` annotation (offline use and
+    /// tests).
+    pub fn with_annotation(mut self, key: &str, value: &str) -> Self {
+        self.kubelet_annotations.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    /// A `cluster.x-k8s.io/kubelet-*` annotation of the Cluster.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.kubelet_annotations.get(key).map(String::as_str)
     }
 
     /// Reads a `cluster.x-k8s.io` Cluster.
@@ -266,9 +282,20 @@ impl ClusterView {
                 .collect(),
             None => vec!["tpm".to_owned()],
         };
+        let kubelet_annotations = object
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .map(|all| {
+                all.iter()
+                    .filter(|(k, _)| k.starts_with(KUBELET_ANNOTATION_PREFIX))
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(Self {
             opted_in: meta.annotation(ANNOTATION_OPT_IN) == Some("true"),
             allowed_attestors,
+            kubelet_annotations,
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -280,6 +307,9 @@ impl ClusterView {
         self.allowed_attestors.iter().any(|a| a == provider)
     }
 }
+
+/// The prefix of the Cluster annotations a [`ClusterView`] keeps.
+const KUBELET_ANNOTATION_PREFIX: &str = "cluster.x-k8s.io/kubelet-";
 
 /// What the rules read of a workload-cluster Node.
 #[derive(Debug, Clone, PartialEq, Eq)]

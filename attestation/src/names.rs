@@ -18,6 +18,10 @@ pub const PEM_DATA: &str = "KUBELET AUTHENTICATOR ATTESTATION DATA";
 pub const SIGNER_INSECURE: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
 /// Client signer for `tpm/v1`.
 pub const SIGNER_TPM: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-tpm";
+/// Client signer for `gcp/v1`.
+pub const SIGNER_GCP: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-gcp";
+/// Client signer for `aws/v1`.
+pub const SIGNER_AWS: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-aws";
 /// Serving CSRs this signer approves (the workload cluster's controller-manager signs them).
 pub const SIGNER_KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
 
@@ -25,6 +29,10 @@ pub const SIGNER_KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
 pub const ANNOTATION_OPT_IN: &str = "cluster.x-k8s.io/kubelet-authentication";
 /// Cluster allowed attestors (comma list of provider names).
 pub const ANNOTATION_ALLOWED_ATTESTORS: &str = "cluster.x-k8s.io/kubelet-authorized-attestors";
+/// Cluster allow-list of AWS account IDs that may attest with `aws/v1` (comma list).
+pub const ANNOTATION_AWS_ACCOUNTS: &str = "cluster.x-k8s.io/kubelet-aws-accounts";
+/// Cluster allow-list of GCP project IDs that may attest with `gcp/v1` (comma list).
+pub const ANNOTATION_GCP_PROJECTS: &str = "cluster.x-k8s.io/kubelet-gcp-projects";
 /// EK pin on a Machine or MachinePool (comma list of lowercase hex SHA-256).
 pub const ANNOTATION_EK_PIN: &str = "cluster.x-k8s.io/tpm-ek-sha256";
 /// The signer's claim on a Machine (one JSON record).

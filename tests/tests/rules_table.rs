@@ -86,6 +86,7 @@ struct Scenario {
 fn verified(ek: &str) -> Verification {
     Verification::Verified {
         ek_sha256: Some(ek.to_owned()),
+        instance: None,
         note: "fake".into(),
         supersedes: None,
     }

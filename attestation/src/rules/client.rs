@@ -192,34 +192,47 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         }
     }
 
-    // Rule 12, the cheap part: which verifier, and whether the Machine is bound to an EK.
+    // Rule 12, the cheap part: which verifier, and whether the Machine is bound to an EK or a
+    // cloud instance.
     let mut verifier = select_verifier(&mut book, inputs, &envelope);
-    if let (Some((chosen, version)), Some(target), Some(claim)) = (verifier, target, &claim)
-        && !chosen.proves_hardware_identity()
-        && let Some(binding) = ek_binding(target, claim)
-    {
-        book.fail(
-            Rule::Attestation,
-            DenyReason::AttestationNotAllowed,
-            format!(
+    if let (Some((chosen, version)), Some(target), Some(claim)) = (verifier, target, &claim) {
+        let refusal = match (
+            ek_binding(target, claim),
+            claim.valid().and_then(|c| c.instance.as_deref()),
+        ) {
+            (Some(binding), _) if !chosen.proves_hardware_identity() => Some(format!(
                 "{} is bound to an EK ({binding}): it accepts only tpm/v1 proving that EK, not {version}",
                 target.describe()
-            ),
-        );
-        verifier = None;
+            )),
+            (_, Some(instance)) if instance_provider(instance) != Some(version.provider()) => Some(format!(
+                "{} is bound to cloud instance {} by its claim: it accepts only {}/v1 proving that instance, not {version}",
+                target.describe(),
+                shown(instance),
+                instance_provider(instance).unwrap_or("its provider")
+            )),
+            _ => None,
+        };
+        if let Some(message) = refusal {
+            book.fail(Rule::Attestation, DenyReason::AttestationNotAllowed, message);
+            verifier = None;
+        }
     }
 
     // Cryptography only once every cheap rule held.
     let mut verified_ek = None;
+    let mut verified_instance = None;
     let mut supersedes = None;
     let mut challenge = std::collections::BTreeMap::new();
+    let mut cloud_calls = Vec::new();
     book.check_signature(&parsed);
-    if let (false, Some((verifier, version)), Some(target), Some(claim)) = (book.any_failed(), verifier, target, &claim)
+    if let (false, Some((verifier, version)), Some(target), Some(claim), Some(pid)) =
+        (book.any_failed(), verifier, target, &claim, provider_id.as_ref())
     {
         let evidence = Evidence {
             version,
             data: envelope.data.as_deref(),
             csr: &parsed,
+            provider_id: pid,
             object: csr,
             csrs: inputs.csrs,
             cluster: inputs.cluster,
@@ -230,12 +243,14 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
         let verification = verifier.verify(&evidence);
         let ek = match &verification {
             Verification::Verified { ek_sha256, .. } | Verification::Challenge { ek_sha256, .. } => ek_sha256.clone(),
-            Verification::Failed { .. } | Verification::Pending { .. } => None,
+            _ => None,
         };
-        match (
-            verification,
-            ek_conflict(inputs, target, claim, provider_id.as_ref(), ek.as_deref()),
-        ) {
+        let conflict =
+            ek_conflict(inputs, target, claim, provider_id.as_ref(), ek.as_deref()).or_else(|| match &verification {
+                Verification::Verified { instance, .. } => instance_conflict(target, claim, instance.as_deref()),
+                _ => None,
+            });
+        match (verification, conflict) {
             (Verification::Failed { reason, message }, _) | (_, Some((reason, message))) => {
                 book.fail(Rule::Attestation, reason, message)
             }
@@ -243,12 +258,18 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
                 Verification::Verified {
                     note,
                     supersedes: earlier,
+                    instance,
                     ..
                 },
                 None,
             ) => {
                 book.pass(Rule::Attestation, note);
                 supersedes = earlier;
+                verified_instance = instance;
+            }
+            (Verification::NeedsCloud { call, message }, None) => {
+                book.pending(Rule::Attestation, message);
+                cloud_calls.push(call);
             }
             (Verification::Challenge { annotations, note, .. }, None) => {
                 book.pending_or(Rule::Attestation, DenyReason::ChallengeFailed, note);
@@ -307,13 +328,14 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     decision.target = target.map(|t| t.reference());
     if let Outcome::Retry { .. } = decision.outcome {
         decision.annotations.extend(challenge);
+        decision.cloud_calls = cloud_calls;
     }
     if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name)) =
         (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref())
     {
         if let Some(Requester::Bootstrap { .. }) = &requester {
             let current = claim.as_ref().unwrap_or(&ClaimState::Unclaimed);
-            decision.claim = claim_write(inputs, target, current, pid, name, verified_ek);
+            decision.claim = claim_write(inputs, target, current, pid, name, verified_ek, verified_instance);
         }
         decision.supersedes = supersedes;
         decision.issuance = Some(Issuance {
@@ -339,6 +361,29 @@ fn ek_binding(target: Target<'_>, claim: &ClaimState) -> Option<String> {
         .valid()
         .and_then(|c| c.ek_sha256.as_deref())
         .map(|ek| format!("its claim records EK {}", shown(ek)))
+}
+
+/// The provider a claim's `instance` was proven with: `aws` of `aws:<account>/<id>`.
+fn instance_provider(instance: &str) -> Option<&str> {
+    instance.split_once(':').map(|(provider, _)| provider)
+}
+
+/// A cloud-bound Machine (its valid claim records an instance) accepts only that instance
+/// (SPEC rule 12): another one is `AttestationInvalid`, naming both.
+fn instance_conflict(target: Target<'_>, claim: &ClaimState, proven: Option<&str>) -> Option<(DenyReason, String)> {
+    let claimed = claim.valid()?.instance.as_deref()?;
+    match proven {
+        Some(proven) if proven == claimed => None,
+        proven => Some((
+            DenyReason::AttestationInvalid,
+            format!(
+                "{} is bound to cloud instance {} by its claim, but the attestation proves {}",
+                target.describe(),
+                shown(claimed),
+                proven.map_or_else(|| "no instance".to_owned(), shown)
+            ),
+        )),
+    }
 }
 
 /// Another Machine or pool instance of the Cluster that holds `name` (SPEC rule 10): through
@@ -984,6 +1029,7 @@ fn claim_write(
     pid: &ProviderId,
     name: &NodeName,
     ek_sha256: Option<String>,
+    instance: Option<String>,
 ) -> Option<ClaimWrite> {
     if current.valid().is_some_and(|c| c.csr_uid == inputs.csr.uid) {
         return None;
@@ -993,6 +1039,7 @@ fn claim_write(
         provider_id: pid.as_str().to_owned(),
         csr_uid: inputs.csr.uid.clone(),
         ek_sha256,
+        instance,
         claimed_at: inputs.clock.now.format(&Rfc3339).unwrap_or_default(),
     };
     Some(match target {

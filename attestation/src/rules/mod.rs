@@ -14,7 +14,7 @@ use time::{Duration, OffsetDateTime};
 use crate::attestor::{CsrDirectory, Verifiers};
 use crate::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, RuleOutcome, Verdict};
 use crate::machine::{ClusterView, Inventory, NodeView};
-use crate::names::{SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
+use crate::names::{SIGNER_AWS, SIGNER_GCP, SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
 
 /// The fields of a `certificates.k8s.io/v1` CertificateSigningRequest the rules read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -132,7 +132,7 @@ pub struct NotOurSigner {
 /// What kind of CSR a signer name is, if it is one of ours.
 pub fn classify(signer_name: &str) -> Option<CsrKind> {
     match signer_name {
-        SIGNER_INSECURE | SIGNER_TPM => Some(CsrKind::KubeletClient),
+        SIGNER_INSECURE | SIGNER_TPM | SIGNER_GCP | SIGNER_AWS => Some(CsrKind::KubeletClient),
         SIGNER_KUBELET_SERVING => Some(CsrKind::KubeletServing),
         _ => None,
     }
@@ -290,6 +290,7 @@ impl Book {
             target: None,
             supersedes: None,
             issuance: None,
+            cloud_calls: Vec::new(),
         }
     }
 }

@@ -360,6 +360,7 @@ impl TpmVerifier {
             ));
         }
         Ok(Verification::Verified {
+            instance: None,
             note: format!(
                 "tpm/v1: {}, challenge of CSR #1 {} answered by the TPM, EK {}",
                 attested.trust, first.name, attested.ek_sha256
