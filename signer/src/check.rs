@@ -97,6 +97,28 @@ pub struct CheckArgs {
     /// `tpm/v1`: how long a challenge may go unanswered.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub tpm_challenge_ttl: std::time::Duration,
+    /// The cloud identity providers, as the controller's flags. Without `--gcp-jwks-file`
+    /// Google's keys are fetched from `--gcp-jwks-url`; without `--aws-sts-response` the
+    /// node's STS request is replayed to `--aws-sts-endpoint` (STS refuses a request older
+    /// than 15 minutes: judge an old one with a recorded answer).
+    #[command(flatten)]
+    pub cloud: crate::cloud::CloudArgs,
+    /// `aws/v1`: a recorded STS `GetCallerIdentity` answer (its XML body) to judge the request
+    /// with, instead of asking STS.
+    #[arg(long)]
+    pub aws_sts_response: Option<PathBuf>,
+    /// Make no call to Google or STS: a decision that needs one stays pending and says which.
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// STS's answer from a file (`--aws-sts-response`), for every request.
+struct RecordedSts(attestation::aws::StsAnswer);
+
+impl attestation::aws::CallerIdentity for RecordedSts {
+    fn answer(&self, _call: &attestation::aws::StsCall) -> attestation::aws::StsAnswer {
+        self.0.clone()
+    }
 }
 
 /// What `--output json` prints.
@@ -194,11 +216,26 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             key
         }
     };
-    let verifiers = crate::controller::verifiers(
-        attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
-        args.tpm_ek_ca_bundle.as_deref(),
-        args.tpm_trust_on_first_use,
-        args.tpm_challenge_ttl,
+    let cloud = crate::cloud::Cloud::new(&args.cloud, std::time::Duration::from_secs(10))?;
+    let sts: std::sync::Arc<dyn attestation::aws::CallerIdentity> = match &args.aws_sts_response {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let arn = attestation::aws::sts::caller_arn(&text)
+                .map_err(|e| anyhow::anyhow!("--aws-sts-response {}: {e}", path.display()))?;
+            std::sync::Arc::new(RecordedSts(attestation::aws::StsAnswer::Caller { arn }))
+        }
+        None => cloud.sts.clone(),
+    };
+    let verifiers = crate::cloud::with_cloud_verifiers(
+        crate::controller::verifiers(
+            attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
+            args.tpm_ek_ca_bundle.as_deref(),
+            args.tpm_trust_on_first_use,
+            args.tpm_challenge_ttl,
+        )?,
+        &args.cloud,
+        cloud.google.clone(),
+        sts,
     )?;
     let related = args
         .related_csrs
@@ -214,7 +251,19 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         verifiers: &verifiers,
         clock,
     };
-    let decision = attestation::decide(&inputs)?;
+    let mut decision = attestation::decide(&inputs)?;
+    if !decision.cloud_calls.is_empty() {
+        if args.offline {
+            assumptions.push("--offline: no call to Google or STS was made".into());
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?
+                .block_on(cloud.make(&decision.cloud_calls));
+            decision = attestation::decide(&inputs)?;
+        }
+    }
 
     let certificate = match (&decision.issuance, &ca) {
         (Some(issuance), Some(ca)) => {

@@ -2,6 +2,7 @@
 //! Cluster API workload clusters. See the repository README.
 
 mod check;
+mod cloud;
 mod controller;
 mod csr_object;
 mod manifests;

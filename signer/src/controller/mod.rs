@@ -137,6 +137,9 @@ pub struct RunArgs {
         default_value = "node-attestation-signer-tpm-challenge"
     )]
     pub tpm_challenge_key_secret: String,
+    /// The cloud identity providers (`gcp/v1`, `aws/v1`).
+    #[command(flatten)]
+    pub cloud: crate::cloud::CloudArgs,
     /// `tpm/v1`: how long a challenge may go unanswered.
     #[arg(long, env = "SIGNER_TPM_CHALLENGE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tpm_challenge_ttl: std::time::Duration,
@@ -320,11 +323,18 @@ async fn serve(args: &RunArgs) -> Result<()> {
         let loader = Arc::clone(&challenge_key);
         async move { loader.ensure().await }
     });
-    let verifiers = verifiers(
-        challenge_key.key(),
-        args.tpm_ek_ca_bundle.as_deref(),
-        args.tpm_trust_on_first_use,
-        args.tpm_challenge_ttl,
+    let cloud = Arc::new(crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?);
+    tokio::spawn(Arc::clone(&cloud).keep_keys_current());
+    let verifiers = crate::cloud::with_cloud_verifiers(
+        verifiers(
+            challenge_key.key(),
+            args.tpm_ek_ca_bundle.as_deref(),
+            args.tpm_trust_on_first_use,
+            args.tpm_challenge_ttl,
+        )?,
+        &args.cloud,
+        cloud.google.clone(),
+        cloud.sts.clone(),
     )?;
     let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
     let recorder = Recorder::new(
@@ -342,6 +352,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
         in_flight: inflight::InFlight::new(inflight::Tuning::default(), metrics.in_flight_gauges()),
         verifiers,
         challenge_key,
+        cloud,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
         settings: workload::Settings {
             client_cert_duration: time::Duration::try_from(args.client_cert_duration)

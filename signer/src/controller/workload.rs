@@ -102,6 +102,8 @@ pub struct Shared {
     pub verifiers: Verifiers,
     /// Loads the `tpm/v1` challenge key the verifiers derive under, when a TPM CSR needs it.
     pub challenge_key: Arc<super::challenge_key::ChallengeKeyLoader>,
+    /// Google's keys and STS's answers, fetched when a cloud verifier asks.
+    pub cloud: Arc<crate::cloud::Cloud>,
     /// Decisions (the CPU-bound part) across all clusters, as many at once as cores.
     pub crypto: Semaphore,
     /// Tunables.
@@ -394,6 +396,27 @@ impl Worker {
         self.queue.push_after(csr.name_any(), delay);
     }
 
+    /// The rule engine's decision, in turn with the other CPU-bound decisions.
+    async fn decide(
+        &self,
+        csr: &attestation::CsrObject,
+        cluster: &ClusterView,
+        inventory: &attestation::machine::Inventory,
+        clock: Clock,
+    ) -> Option<attestation::Decision> {
+        let _turn = self.shared.crypto.acquire().await;
+        let inputs = Inputs {
+            csr,
+            cluster,
+            inventory,
+            nodes: &self.nodes,
+            csrs: &StoreCsrs(&self.csrs),
+            verifiers: &self.shared.verifiers,
+            clock,
+        };
+        attestation::decide(&inputs).ok()
+    }
+
     /// Decides `name` and applies the decision; says how the apiservers answered.
     async fn process(&self, name: &str) -> Answer {
         let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
@@ -434,26 +457,23 @@ impl Worker {
         let object = csr_object(&csr);
         let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
         let inventory = self.shared.management.inventory(&cluster);
-        let decision = {
-            let _turn = self.shared.crypto.acquire().await;
-            let inputs = Inputs {
-                csr: &object,
-                cluster: &cluster,
-                inventory: &inventory,
-                nodes: &self.nodes,
-                csrs: &StoreCsrs(&self.csrs),
-                verifiers: &self.shared.verifiers,
-                clock: Clock {
-                    now,
-                    first_seen,
-                    max_age: self.shared.settings.csr_max_age,
-                },
-            };
-            match attestation::decide(&inputs) {
-                Ok(decision) => decision,
-                Err(_) => return Answer::Idle,
-            }
+        let clock = Clock {
+            now,
+            first_seen,
+            max_age: self.shared.settings.csr_max_age,
         };
+        let Some(mut decision) = self.decide(&object, &cluster, &inventory, clock).await else {
+            return Answer::Idle;
+        };
+        if !decision.cloud_calls.is_empty() {
+            // A cloud verifier needs Google's keys or STS's answer: ask, then decide once more
+            // (a second miss waits for the retry, like any transient gap).
+            self.shared.cloud.make(&decision.cloud_calls).await;
+            let Some(again) = self.decide(&object, &cluster, &inventory, clock).await else {
+                return Answer::Idle;
+            };
+            decision = again;
+        }
         if let Some(target) = &decision.target {
             tracing::Span::current().record("machine", tracing::field::display(&target.name));
         }

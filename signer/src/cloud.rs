@@ -1,0 +1,497 @@
+//! The signer's side of the cloud identity providers' I/O: Google's keys and STS's answers.
+//!
+//! The verifiers are pure: they look keys and answers up through
+//! [`attestation::gcp::GoogleKeys`] and [`attestation::aws::CallerIdentity`], implemented here
+//! over caches, and say which [`CloudCall`] they need when a cache cannot answer. The
+//! controller (and `check`) makes those calls through [`Cloud::make`] and decides again.
+//!
+//! - Google's keys: fetched from `--gcp-jwks-url` on first need, refreshed when their
+//!   `Cache-Control` lifetime ends and when a token names a key the set lacks (at most once a
+//!   minute; a failed fetch is tried again after 10 s), or read from `--gcp-jwks-file` (re-read
+//!   when it changes), for air-gapped management clusters.
+//! - STS: each call is the node's signed request replayed to the signer's own endpoint for
+//!   the document's region, never to a URL the requester names. Answers are kept for
+//!   `--cloud-attestation-max-age` (a CSR decided twice asks once); "could not ask" only for a
+//!   few seconds, so the CSR's next retry asks again. Headers are never logged: they carry a
+//!   session token and a signature.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use attestation::aws::{CallerIdentity, RegionCertificates, StsAnswer, StsCall, StsEndpoints};
+use attestation::cloud::CloudCall;
+use attestation::gcp::{GoogleKeys, Jwks, KeyLookup};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use time::OffsetDateTime;
+
+/// Longest answer read from Google or STS.
+const MAX_ANSWER_BYTES: usize = 256 * 1024;
+/// Least time between two fetches of Google's keys after a success.
+const KEYS_MIN_INTERVAL: Duration = Duration::from_secs(60);
+/// Least time between two fetches after a failure.
+const KEYS_RETRY_INTERVAL: Duration = Duration::from_secs(10);
+/// Keys whose answer names no lifetime are refreshed after this.
+const KEYS_DEFAULT_LIFETIME: Duration = Duration::from_secs(3600);
+/// How long "STS could not be asked" is the answer before the next retry asks again.
+const STS_UNAVAILABLE_MEMORY: Duration = Duration::from_secs(5);
+/// Most STS answers kept.
+const STS_MAX_ANSWERS: usize = 10_000;
+
+/// The cloud flags, the same for `run` and `check`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CloudArgs {
+    /// `gcp/v1`: where Google's identity-token signing keys (JWKS) are fetched from.
+    #[arg(long, env = "SIGNER_GCP_JWKS_URL", default_value = attestation::gcp::GOOGLE_JWKS_URL)]
+    pub gcp_jwks_url: String,
+    /// `gcp/v1`: a JWKS file the operator keeps current instead (air-gapped management
+    /// clusters); re-read when it changes. Overrides `--gcp-jwks-url`.
+    #[arg(long, env = "SIGNER_GCP_JWKS_FILE")]
+    pub gcp_jwks_file: Option<PathBuf>,
+    /// `aws/v1`: PEM file of AWS's RSA-2048 identity-document certificates, each after a
+    /// `# regions: a, b` line; default: the set shipped with the signer.
+    #[arg(long, env = "SIGNER_AWS_IID_CERTIFICATES")]
+    pub aws_iid_certificates: Option<PathBuf>,
+    /// `aws/v1`: the STS endpoint requests are replayed to, `{region}` replaced by the
+    /// document's region; default: `https://sts.{region}.amazonaws.com` (`.com.cn` in China).
+    #[arg(long, env = "SIGNER_AWS_STS_ENDPOINT")]
+    pub aws_sts_endpoint: Option<String>,
+    /// How old a cloud statement (a GCE token's `iat`, an STS request's `x-amz-date`) may be.
+    #[arg(long, env = "SIGNER_CLOUD_ATTESTATION_MAX_AGE", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub cloud_attestation_max_age: Duration,
+    /// PEM certificates trusted for the cloud endpoints besides the public roots compiled in
+    /// (an egress proxy's CA, a private STS endpoint).
+    #[arg(long, env = "SIGNER_CLOUD_CA_BUNDLE")]
+    pub cloud_ca_bundle: Option<PathBuf>,
+}
+
+impl CloudArgs {
+    /// `--cloud-attestation-max-age` as the verifiers take it.
+    pub fn max_age(&self) -> Result<time::Duration> {
+        time::Duration::try_from(self.cloud_attestation_max_age).context("--cloud-attestation-max-age is too large")
+    }
+
+    /// `--aws-sts-endpoint`, or AWS's regional endpoints.
+    pub fn sts_endpoints(&self) -> Result<StsEndpoints> {
+        match &self.aws_sts_endpoint {
+            Some(template) => StsEndpoints::from_template(template).map_err(anyhow::Error::msg),
+            None => Ok(StsEndpoints::regional()),
+        }
+    }
+
+    /// `--aws-iid-certificates`, or the shipped set.
+    pub fn region_certificates(&self) -> Result<RegionCertificates> {
+        match &self.aws_iid_certificates {
+            None => Ok(RegionCertificates::shipped()),
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --aws-iid-certificates {}", path.display()))?;
+                RegionCertificates::from_pem(&text)
+                    .map_err(|e| anyhow::anyhow!("--aws-iid-certificates {}: {e}", path.display()))
+            }
+        }
+    }
+}
+
+/// Adds `gcp/v1` and `aws/v1`, configured from the flags, finding Google's keys in `google`
+/// and STS's answers in `sts`.
+pub fn with_cloud_verifiers(
+    verifiers: attestation::attestor::Verifiers,
+    args: &CloudArgs,
+    google: Arc<dyn GoogleKeys>,
+    sts: Arc<dyn CallerIdentity>,
+) -> Result<attestation::attestor::Verifiers> {
+    let max_age = args.max_age()?;
+    Ok(verifiers
+        .with(attestation::gcp::GcpVerifier::new(google).with_max_age(max_age))
+        .with(
+            attestation::aws::AwsVerifier::new(sts)
+                .with_certificates(args.region_certificates()?)
+                .with_endpoints(args.sts_endpoints()?)
+                .with_max_age(max_age),
+        ))
+}
+
+/// An HTTPS client for the cloud endpoints (plain HTTP too, for a test or a local endpoint).
+type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+fn http_client(ca_bundle: Option<&Path>, timeout: Duration) -> Result<HttpClient> {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Only fails when another thread installed one first, which is as good.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = ca_bundle {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read --cloud-ca-bundle {}", path.display()))?;
+        let blocks =
+            pem::parse_many(&pem).with_context(|| format!("--cloud-ca-bundle {} is not PEM", path.display()))?;
+        for block in blocks.iter().filter(|b| b.tag() == "CERTIFICATE") {
+            roots
+                .add(rustls::pki_types::CertificateDer::from(block.contents().to_vec()))
+                .with_context(|| format!("--cloud-ca-bundle {}: a certificate is not usable", path.display()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(timeout));
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new()).build(https))
+}
+
+/// An answer: status, `Cache-Control: max-age`, body.
+struct Answer {
+    status: u16,
+    max_age: Option<Duration>,
+    body: Vec<u8>,
+}
+
+async fn send(client: &HttpClient, request: hyper::Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, String> {
+    let exchange = async {
+        let response = client.request(request).await.map_err(|e| format!("{e}"))?;
+        let status = response.status().as_u16();
+        let max_age = response
+            .headers()
+            .get(hyper::header::CACHE_CONTROL)
+            .and_then(|v| v.to_str().ok())
+            .and_then(cache_max_age);
+        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes()
+            .to_vec();
+        Ok(Answer { status, max_age, body })
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {}s", timeout.as_secs())))
+}
+
+/// `max-age=N` of a `Cache-Control` value.
+fn cache_max_age(value: &str) -> Option<Duration> {
+    value
+        .split(',')
+        .filter_map(|d| d.trim().strip_prefix("max-age="))
+        .find_map(|n| n.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// Where Google's keys come from.
+#[derive(Debug, Clone)]
+enum KeySource {
+    Url(String),
+    File(PathBuf),
+}
+
+#[derive(Default)]
+struct KeyState {
+    keys: Option<Jwks>,
+    fetched_at: Option<OffsetDateTime>,
+    attempted: Option<Instant>,
+    failed: bool,
+    last_error: Option<String>,
+    stale_at: Option<Instant>,
+    file_modified: Option<SystemTime>,
+}
+
+/// Google's keys, cached ([`GoogleKeys`] for the verifier).
+pub struct GoogleKeyCache {
+    source: KeySource,
+    state: RwLock<KeyState>,
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl GoogleKeyCache {
+    fn new(source: KeySource) -> Result<Self> {
+        let cache = Self {
+            source,
+            state: RwLock::new(KeyState::default()),
+            refreshing: tokio::sync::Mutex::new(()),
+        };
+        if let KeySource::File(path) = &cache.source {
+            // An unusable file is a configuration error: say so at start.
+            cache
+                .read_file(path)
+                .map_err(|e| anyhow::anyhow!("--gcp-jwks-file {}: {e}", path.display()))?;
+        }
+        Ok(cache)
+    }
+
+    fn read_file(&self, path: &Path) -> Result<(), String> {
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_some() && read(&self.state).file_modified == modified {
+            return Ok(());
+        }
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
+        let keys = Jwks::parse(&bytes)?;
+        tracing::info!(path = %path.display(), kids = ?keys.kids(), "read Google's keys from --gcp-jwks-file");
+        let mut state = write(&self.state);
+        state.keys = Some(keys);
+        state.file_modified = modified;
+        Ok(())
+    }
+
+    /// Fetches the keys again unless that happened too recently.
+    async fn refresh(&self, client: &HttpClient, timeout: Duration) {
+        let url = match &self.source {
+            KeySource::File(path) => {
+                if let Err(e) = self.read_file(path) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot re-read --gcp-jwks-file; keeping the keys read before");
+                }
+                return;
+            }
+            KeySource::Url(url) => url.clone(),
+        };
+        let _one_at_a_time = self.refreshing.lock().await;
+        {
+            let state = read(&self.state);
+            let wait = if state.failed {
+                KEYS_RETRY_INTERVAL
+            } else {
+                KEYS_MIN_INTERVAL
+            };
+            if state.attempted.is_some_and(|at| at.elapsed() < wait) {
+                return;
+            }
+        }
+        write(&self.state).attempted = Some(Instant::now());
+        let request = hyper::Request::get(url.as_str())
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::new()));
+        let outcome = match request {
+            Err(e) => Err(format!("--gcp-jwks-url {url:?}: {e}")),
+            Ok(request) => match send(client, request, timeout).await {
+                Ok(answer) if answer.status == 200 => Jwks::parse(&answer.body)
+                    .map(|keys| (keys, answer.max_age))
+                    .map_err(|e| format!("{url}: {e}")),
+                Ok(answer) => Err(format!("{url} answered {}", answer.status)),
+                Err(e) => Err(format!("{url}: {e}")),
+            },
+        };
+        let mut state = write(&self.state);
+        match outcome {
+            Ok((keys, max_age)) => {
+                tracing::info!(kids = ?keys.kids(), "fetched Google's keys");
+                state.keys = Some(keys);
+                state.fetched_at = Some(OffsetDateTime::now_utc());
+                state.stale_at = Some(Instant::now() + max_age.unwrap_or(KEYS_DEFAULT_LIFETIME).max(KEYS_MIN_INTERVAL));
+                state.failed = false;
+                state.last_error = None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot fetch Google's keys");
+                state.failed = true;
+                state.last_error = Some(e);
+            }
+        }
+    }
+
+    /// When the keys should be fetched again on their own (their lifetime ended).
+    fn stale(&self) -> bool {
+        read(&self.state).stale_at.is_some_and(|at| Instant::now() >= at)
+    }
+}
+
+impl GoogleKeys for GoogleKeyCache {
+    fn key(&self, kid: &str) -> KeyLookup {
+        let state = read(&self.state);
+        let Some(keys) = &state.keys else {
+            return KeyLookup::NotLoaded {
+                why: state.last_error.clone(),
+            };
+        };
+        match keys.get(kid) {
+            Some(key) => KeyLookup::Found(key.clone()),
+            None => KeyLookup::Unknown {
+                fetched_at: match self.source {
+                    KeySource::File(_) => None,
+                    KeySource::Url(_) => state.fetched_at,
+                },
+            },
+        }
+    }
+}
+
+/// STS's answers, kept per exact request ([`CallerIdentity`] for the verifier).
+#[derive(Default)]
+pub struct StsAnswers {
+    answers: Mutex<HashMap<[u8; 32], (StsAnswer, Instant)>>,
+    keep: Duration,
+}
+
+impl StsAnswers {
+    async fn ask(&self, client: &HttpClient, call: &StsCall, timeout: Duration) {
+        let mut request = hyper::Request::post(call.url.as_str());
+        for (name, value) in &call.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let answer = match request.body(Full::new(Bytes::from(call.body.clone()))) {
+            Err(e) => StsAnswer::Refused {
+                status: 0,
+                error: format!("the request cannot be sent: {e}"),
+            },
+            Ok(request) => match send(client, request, timeout).await {
+                Ok(answer) => {
+                    let text = String::from_utf8_lossy(&answer.body);
+                    match answer.status {
+                        200 => match attestation::aws::sts::caller_arn(&text) {
+                            Ok(arn) => StsAnswer::Caller { arn },
+                            Err(e) => StsAnswer::Unavailable(format!("an unreadable answer: {e}")),
+                        },
+                        429 | 500..=599 => StsAnswer::Unavailable(format!(
+                            "answered {}: {}",
+                            answer.status,
+                            attestation::aws::sts::error_summary(&text)
+                        )),
+                        400..=499 if text.contains("<Code>Throttling</Code>") => {
+                            StsAnswer::Unavailable("throttled".into())
+                        }
+                        status => StsAnswer::Refused {
+                            status,
+                            error: attestation::aws::sts::error_summary(&text),
+                        },
+                    }
+                }
+                Err(e) => StsAnswer::Unavailable(e),
+            },
+        };
+        match &answer {
+            StsAnswer::Caller { arn } => tracing::info!(region = %call.region, %arn, "STS named the caller"),
+            StsAnswer::Refused { status, error } => {
+                tracing::info!(region = %call.region, status, %error, "STS refused a node's signed request")
+            }
+            StsAnswer::Unavailable(why) => tracing::warn!(url = %call.url, %why, "STS could not be asked"),
+            StsAnswer::NotAsked => {}
+        }
+        let mut answers = lock(&self.answers);
+        if answers.len() >= STS_MAX_ANSWERS {
+            let keep = self.keep;
+            answers.retain(|_, (answer, at)| at.elapsed() < lifetime(answer, keep));
+        }
+        if answers.len() < STS_MAX_ANSWERS {
+            answers.insert(call.cache_key(), (answer, Instant::now()));
+        }
+    }
+}
+
+fn lifetime(answer: &StsAnswer, keep: Duration) -> Duration {
+    match answer {
+        StsAnswer::Unavailable(_) => STS_UNAVAILABLE_MEMORY,
+        _ => keep,
+    }
+}
+
+impl CallerIdentity for StsAnswers {
+    fn answer(&self, call: &StsCall) -> StsAnswer {
+        let answers = lock(&self.answers);
+        match answers.get(&call.cache_key()) {
+            Some((answer, at)) if at.elapsed() < lifetime(answer, self.keep) => answer.clone(),
+            _ => StsAnswer::NotAsked,
+        }
+    }
+}
+
+/// The cloud I/O of one signer process.
+pub struct Cloud {
+    /// Google's keys.
+    pub google: Arc<GoogleKeyCache>,
+    /// STS's answers.
+    pub sts: Arc<StsAnswers>,
+    client: HttpClient,
+    timeout: Duration,
+}
+
+impl Cloud {
+    /// From the flags; `timeout` bounds each cloud request.
+    pub fn new(args: &CloudArgs, timeout: Duration) -> Result<Self> {
+        let source = match &args.gcp_jwks_file {
+            Some(path) => KeySource::File(path.clone()),
+            None => KeySource::Url(args.gcp_jwks_url.clone()),
+        };
+        Ok(Self {
+            google: Arc::new(GoogleKeyCache::new(source)?),
+            sts: Arc::new(StsAnswers {
+                answers: Mutex::default(),
+                keep: args.cloud_attestation_max_age + Duration::from_secs(60),
+            }),
+            client: http_client(args.cloud_ca_bundle.as_deref(), timeout)?,
+            timeout,
+        })
+    }
+
+    /// Makes the calls a decision asked for (at once, each bounded by the timeout).
+    pub async fn make(&self, calls: &[CloudCall]) {
+        let work = calls.iter().map(|call| async move {
+            match call {
+                CloudCall::RefreshGoogleKeys => self.google.refresh(&self.client, self.timeout).await,
+                CloudCall::CallerIdentity(sts) => self.sts.ask(&self.client, sts, self.timeout).await,
+                _ => {}
+            }
+        });
+        futures::future::join_all(work).await;
+    }
+
+    /// Refreshes Google's keys when their lifetime ends, for as long as the process runs
+    /// (only once they were first needed: a signer without `gcp/v1` clusters never calls out).
+    pub async fn keep_keys_current(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(KEYS_MIN_INTERVAL).await;
+            let loaded = read(&self.google.state).keys.is_some();
+            let file = matches!(self.google.source, KeySource::File(_));
+            if file || (loaded && self.google.stale()) {
+                self.google.refresh(&self.client, self.timeout).await;
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_control_max_age_is_read() {
+        assert_eq!(
+            cache_max_age("public, max-age=19817, must-revalidate, no-transform"),
+            Some(Duration::from_secs(19817))
+        );
+        assert_eq!(cache_max_age("no-cache"), None);
+    }
+
+    #[test]
+    fn an_unavailable_sts_answer_is_forgotten_soon_and_a_real_one_is_kept() {
+        let keep = Duration::from_secs(660);
+        assert_eq!(
+            lifetime(&StsAnswer::Unavailable("x".into()), keep),
+            STS_UNAVAILABLE_MEMORY
+        );
+        assert_eq!(lifetime(&StsAnswer::Caller { arn: "a".into() }, keep), keep);
+    }
+}
