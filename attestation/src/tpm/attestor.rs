@@ -164,7 +164,13 @@ impl TpmAttestor {
         let result = (|| {
             let (ek_public, _, _) = ctx.read_public(ek).map_err(failed("read EK public"))?;
             // Not every TPM is provisioned with a certificate; the signer may trust a pin.
-            let ek_certificate = ek::retrieve_ek_pubcert(&mut ctx, self.ek_algorithm.selection()).ok();
+            // The NV index may hold padding after the certificate: send the certificate only.
+            let ek_certificate = ek::retrieve_ek_pubcert(&mut ctx, self.ek_algorithm.selection())
+                .ok()
+                .map(|stored| match super::ek::strip_nv_padding(&stored) {
+                    Ok(certificate) => certificate.to_vec(),
+                    Err(_) => stored,
+                });
             if self.ak.is_none() {
                 let attributes = self.ak_attributes.unwrap_or(AkAttributes(|b| b));
                 let created = ak::create_ak_2(

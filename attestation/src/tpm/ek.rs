@@ -29,12 +29,81 @@ fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
     }
 }
 
+/// The certificate at the start of an EK NV index's contents: real TPMs store the DER
+/// certificate followed by padding up to the index size (`0xFF` erased flash, or `0x00`). The
+/// outer SEQUENCE's length says where the certificate ends; what follows must be padding of
+/// one byte value, so that no second object can ride along unnoticed. SPEC section 5.
+pub fn strip_nv_padding(stored: &[u8]) -> Result<&[u8], String> {
+    let length = outer_sequence_length(stored)?;
+    let (certificate, padding) = stored.split_at(length);
+    match padding.first() {
+        None => Ok(certificate),
+        Some(&fill @ (0x00 | 0xFF)) if padding.iter().all(|b| *b == fill) => Ok(certificate),
+        Some(_) => Err(format!(
+            "{} bytes after the EK certificate are not padding (0x00 or 0xFF)",
+            padding.len()
+        )),
+    }
+}
+
+/// Total length (header included) of the definite-length SEQUENCE `bytes` starts with.
+fn outer_sequence_length(bytes: &[u8]) -> Result<usize, String> {
+    let malformed = || "the EK certificate does not start with a definite-length SEQUENCE".to_owned();
+    let (&tag, rest) = bytes.split_first().ok_or_else(malformed)?;
+    let (&first, rest) = rest.split_first().ok_or_else(malformed)?;
+    if tag != 0x30 {
+        return Err(malformed());
+    }
+    let (content, header) = match first {
+        0x00..=0x7F => (usize::from(first), 2),
+        0x81..=0x84 => {
+            let count = usize::from(first & 0x7F);
+            let octets = rest.get(..count).ok_or_else(malformed)?;
+            let content = octets.iter().fold(0usize, |n, b| (n << 8) | usize::from(*b));
+            (content, 2 + count)
+        }
+        _ => return Err(malformed()),
+    };
+    let total = header.checked_add(content).ok_or_else(malformed)?;
+    if total > bytes.len() {
+        return Err(format!(
+            "the EK certificate claims {total} bytes but {} were sent",
+            bytes.len()
+        ));
+    }
+    Ok(total)
+}
+
+/// Whether two names are the same: the same RDNs in order, each RDN the same set of attribute
+/// types and values whatever their order. Vendor EK and CA certificates may encode a
+/// multi-valued RDN unsorted (BER, not DER), so the issuer written in a certificate and the
+/// subject of the CA that signed it can differ in bytes while naming the same CA; the
+/// signatures are still checked over the bytes as sent.
+fn same_name(a: &x509_parser::x509::X509Name<'_>, b: &x509_parser::x509::X509Name<'_>) -> bool {
+    if a.as_raw() == b.as_raw() {
+        return true;
+    }
+    let rdns = |name: &x509_parser::x509::X509Name<'_>| -> Vec<Vec<(String, Vec<u8>)>> {
+        name.iter()
+            .map(|rdn| {
+                let mut set: Vec<(String, Vec<u8>)> = rdn
+                    .iter()
+                    .map(|atv| (atv.attr_type().to_id_string(), atv.attr_value().data.to_vec()))
+                    .collect();
+                set.sort();
+                set
+            })
+            .collect()
+    };
+    rdns(a) == rdns(b)
+}
+
 fn is_ca(cert: &X509Certificate<'_>) -> bool {
     matches!(cert.basic_constraints(), Ok(Some(bc)) if bc.value.ca)
 }
 
 fn signed_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
-    cert.issuer() == issuer.subject() && cert.verify_signature(Some(issuer.public_key())).is_ok()
+    same_name(cert.issuer(), issuer.subject()) && cert.verify_signature(Some(issuer.public_key())).is_ok()
 }
 
 impl EkTrust {
@@ -58,6 +127,7 @@ impl EkTrust {
     /// Checks that `cert` is `ek`'s certificate and chains to an anchor through
     /// `intermediates`.
     pub fn verify(&self, ek: &TpmPublic, cert: &[u8], intermediates: &[Vec<u8>]) -> Result<(), String> {
+        let cert = strip_nv_padding(cert).map_err(|e| format!("EK certificate: {e}"))?;
         let leaf = parse(cert).map_err(|e| format!("EK certificate: {e}"))?;
         let expected = ek.canonical_spki().map_err(|e| e.to_string())?;
         let (_, expected) = x509_parser::x509::SubjectPublicKeyInfo::from_der(&expected)
@@ -137,6 +207,26 @@ mod tests {
         broken[last] ^= 1;
         assert!(trust.verify(&ek, &broken, &chain).is_err());
         assert!(EkTrust::from_pem(b"not pem").is_err());
+    }
+
+    #[test]
+    fn nv_padding_after_the_certificate_is_ignored_and_anything_else_refused() {
+        let ek = TpmPublic::from_tpm2b(&vector("ek.pub")).unwrap();
+        let trust = EkTrust::from_pem(&vector("ek-root.pem")).unwrap();
+        let chain = [der_of("ek-intermediate.pem")];
+        for fill in [0xFF, 0x00] {
+            let mut padded = vector("ekcert.der");
+            padded.resize(padded.len() + 700, fill);
+            assert_eq!(trust.verify(&ek, &padded, &chain), Ok(()), "fill {fill:#x}");
+        }
+        let mut smuggled = vector("ekcert.der");
+        smuggled.extend_from_slice(&[0xFF, 0xFF, 0x30, 0x00]);
+        assert!(trust.verify(&ek, &smuggled, &chain).unwrap_err().contains("not padding"));
+        let cert = vector("ekcert.der");
+        assert!(strip_nv_padding(&cert[..cert.len() - 1]).unwrap_err().contains("claims"));
+        assert!(strip_nv_padding(&[0x31, 0x00]).is_err());
+        assert!(strip_nv_padding(&[0x30, 0x80, 0x00, 0x00]).is_err());
+        assert_eq!(strip_nv_padding(&[0x30, 0x00, 0xFF]), Ok(&[0x30, 0x00][..]));
     }
 
     fn rcgen_root() -> (rcgen::KeyPair, String) {
