@@ -5,6 +5,7 @@
 
 pub mod ca;
 pub mod capi;
+pub mod cloud;
 pub mod csr;
 pub mod envtest;
 pub mod kubelet;
