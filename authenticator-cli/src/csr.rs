@@ -7,6 +7,8 @@ use attestation::attestor::Attestor;
 use attestation::identity::{NodeName, ProviderId};
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 
+use crate::metadata::{GceMetadataHttp, ImdsV2, env_value};
+
 /// Which attestor to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AttestorName {
@@ -14,7 +16,19 @@ pub enum AttestorName {
     Insecure,
     /// `tpm/v1`: TPM 2.0 attestation.
     Tpm,
+    /// `gcp/v1`: the Compute Engine metadata server's identity token for the CSR's key
+    /// (`GCE_METADATA_HOST` names another metadata server, host[:port]).
+    Gcp,
+    /// `aws/v1`: the EC2 identity document and an STS request signed with the instance role
+    /// (IMDSv2; `AWS_EC2_METADATA_SERVICE_ENDPOINT` names another metadata service, a URL, and
+    /// `AWS_ENDPOINT_URL_STS` the STS endpoint signed for).
+    Aws,
 }
+
+/// The environment variable naming the STS endpoint `aws/v1` signs for (the AWS SDK
+/// convention; `{region}` in it is replaced by the instance's region), instead of the regional
+/// endpoints: the signer must send the request to the same endpoint.
+pub const AWS_ENDPOINT_URL_STS_ENV: &str = "AWS_ENDPOINT_URL_STS";
 
 impl AttestorName {
     /// The attestor, ready to run.
@@ -37,6 +51,21 @@ impl AttestorName {
                     "--attestor tpm: this kubelet-authenticator was built without the tpm feature; rebuild with it, or use --attestor insecure where the Cluster allows it"
                 )
             }
+            Self::Gcp => {
+                use attestation::gcp::attestor::GcpAttestor;
+                Ok(Box::new(GcpAttestor::new(GceMetadataHttp::from_env()?)))
+            }
+            Self::Aws => {
+                use attestation::aws::StsEndpoints;
+                use attestation::aws::attestor::AwsAttestor;
+                let endpoints = match env_value(AWS_ENDPOINT_URL_STS_ENV)? {
+                    Some(url) => StsEndpoints::from_template(&url)
+                        .map_err(anyhow::Error::msg)
+                        .context(AWS_ENDPOINT_URL_STS_ENV)?,
+                    None => StsEndpoints::regional(),
+                };
+                Ok(Box::new(AwsAttestor::new(ImdsV2::from_env()?, endpoints)))
+            }
         }
     }
 
@@ -45,6 +74,8 @@ impl AttestorName {
         match self {
             Self::Insecure => attestation::names::SIGNER_INSECURE,
             Self::Tpm => attestation::names::SIGNER_TPM,
+            Self::Gcp => attestation::names::SIGNER_GCP,
+            Self::Aws => attestation::names::SIGNER_AWS,
         }
     }
 }
@@ -71,7 +102,10 @@ pub struct CsrArgs {
     /// The Machine's `spec.providerID`, carried in the provider-ID extension.
     #[arg(long)]
     pub provider_id: String,
-    /// Attestor.
+    /// Attestor: tpm (TPM 2.0, see --tpm-tcti), gcp (Compute Engine metadata server; env
+    /// GCE_METADATA_HOST=host[:port] to use another), aws (EC2 metadata service, IMDSv2, and a
+    /// signed STS request; env AWS_EC2_METADATA_SERVICE_ENDPOINT=<url> and AWS_ENDPOINT_URL_STS=<url>
+    /// to use others), or insecure (no evidence).
     #[arg(long, value_enum)]
     pub attestor: AttestorName,
     /// Where to write the private key (PKCS#8 PEM, mode 0600, written atomically).

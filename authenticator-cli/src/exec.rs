@@ -46,7 +46,10 @@ pub struct ExecArgs {
     /// A file holding the provider ID (written by the bootstrap provider at boot).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_PROVIDER_ID_FILE")]
     pub provider_id_file: Option<PathBuf>,
-    /// Attestor.
+    /// Attestor: tpm (TPM 2.0, see --tpm-tcti), gcp (Compute Engine metadata server; env
+    /// GCE_METADATA_HOST=host[:port] to use another), aws (EC2 metadata service, IMDSv2, and a
+    /// signed STS request; env AWS_EC2_METADATA_SERVICE_ENDPOINT=<url> and AWS_ENDPOINT_URL_STS=<url>
+    /// to use others), or insecure (no evidence).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_ATTESTOR", value_enum, default_value_t = AttestorName::Tpm)]
     pub attestor: AttestorName,
     /// The TPM (for `--attestor tpm`).

@@ -9,6 +9,7 @@ mod cert_dir;
 mod csr;
 mod exec;
 mod exec_credential;
+mod metadata;
 mod obtain;
 mod report;
 mod secret_file;

@@ -318,6 +318,13 @@ impl SignedStsRequest {
                 "request: the body is not {GET_CALLER_IDENTITY_BODY:?} (another action or version)"
             ));
         }
+        // A payload hash header, when sent, must be the body's: some STS implementations trust
+        // it instead of hashing the body.
+        if let Some(declared) = headers.get("x-amz-content-sha256")
+            && *declared != crate::digest::hex(&crate::digest::sha256(&body))
+        {
+            return Err("request: x-amz-content-sha256 is not the body's SHA-256".into());
+        }
         if header(BINDING_HEADER)? != checks.binding {
             return Err(format!(
                 "binding: {BINDING_HEADER} is {:?}, not this CSR's key binding {}",
@@ -538,6 +545,14 @@ mod tests {
             (
                 "AWS4-HMAC-SHA256",
                 Box::new(|h, _| drop(h.insert("Authorization".into(), "Basic x".into()))),
+            ),
+            (
+                "x-amz-content-sha256",
+                Box::new(|h, _| {
+                    let a = h["Authorization"].replace("host;", "host;x-amz-content-sha256;");
+                    h.insert("Authorization".into(), a);
+                    h.insert("x-amz-content-sha256".into(), "00".repeat(32));
+                }),
             ),
         ];
         for (expected, mutate) in cases {
