@@ -3,6 +3,8 @@
 //! and the signed-attribute verification against what AWS actually produces, not only
 //! against what this project's test CA makes.
 
+#![allow(clippy::unwrap_used)]
+
 use attestation::aws::RegionCertificates;
 use attestation::aws::document::IdentityDocument;
 use attestation::aws::pkcs7::SignedDocument;

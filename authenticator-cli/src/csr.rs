@@ -59,9 +59,9 @@ impl AttestorName {
                 use attestation::aws::StsEndpoints;
                 use attestation::aws::attestor::AwsAttestor;
                 let endpoints = match env_value(AWS_ENDPOINT_URL_STS_ENV)? {
+                    // from_template's own message names the signer's flag: say which setting it is here.
                     Some(url) => StsEndpoints::from_template(&url)
-                        .map_err(anyhow::Error::msg)
-                        .context(AWS_ENDPOINT_URL_STS_ENV)?,
+                        .map_err(|_| anyhow::anyhow!("{AWS_ENDPOINT_URL_STS_ENV} {url:?} is not an http(s) URL"))?,
                     None => StsEndpoints::regional(),
                 };
                 Ok(Box::new(AwsAttestor::new(ImdsV2::from_env()?, endpoints)))

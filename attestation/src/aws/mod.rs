@@ -15,7 +15,7 @@
 //! - [`document`]: the identity document's fields.
 //! - [`sts`]: the signed request's checks, the call the signer makes, and STS's answer, reached
 //!   through the [`CallerIdentity`] trait.
-//! - [`verifier`]: [`AwsVerifier`].
+//! - [`verifier`]: the [`AwsVerifier`].
 //! - `attestor` (feature `aws-attestor`): the node side, SigV4 through the official crate.
 
 #[cfg(feature = "aws-attestor")]

@@ -92,11 +92,11 @@ impl SignedDocument {
             ));
         }
         let info: ContentInfo = ber("the PKCS#7 ContentInfo", bytes)?;
-        if &info.content_type != CONTENT_SIGNED_DATA {
+        if info.content_type != *CONTENT_SIGNED_DATA {
             return Err(format!("the PKCS#7 is {}, not signedData", info.content_type));
         }
         let signed: SignedData = ber("the PKCS#7 SignedData", any_bytes(&info.content))?;
-        if &signed.encap_content_info.content_type != CONTENT_DATA {
+        if signed.encap_content_info.content_type != *CONTENT_DATA {
             return Err(format!(
                 "the PKCS#7 encapsulates {}, not data",
                 signed.encap_content_info.content_type
@@ -140,12 +140,12 @@ impl SignedDocument {
                         [value] => Ok(*value),
                         _ => Err(format!("the signed attribute {name} does not hold one value")),
                     };
-                    if &attribute.r#type == CONTENT_TYPE {
+                    if attribute.r#type == *CONTENT_TYPE {
                         if content_type.is_some() {
                             return Err("the signed attribute contentType appears twice".into());
                         }
                         content_type = Some(ber::<ObjectIdentifier>("contentType", any_bytes(one("contentType")?))?);
-                    } else if &attribute.r#type == MESSAGE_DIGEST {
+                    } else if attribute.r#type == *MESSAGE_DIGEST {
                         if message_digest.is_some() {
                             return Err("the signed attribute messageDigest appears twice".into());
                         }

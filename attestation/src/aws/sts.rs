@@ -486,7 +486,8 @@ mod tests {
     #[test]
     fn every_tampering_is_refused_before_sending_and_names_what_failed() {
         let endpoints = StsEndpoints::regional();
-        let cases: Vec<(&str, Box<dyn FnOnce(&mut BTreeMap<String, String>, &mut String)>)> = vec![
+        type Tamper = Box<dyn FnOnce(&mut BTreeMap<String, String>, &mut String)>;
+        let cases: Vec<(&str, Tamper)> = vec![
             (
                 "binding",
                 Box::new(|h, _| drop(h.insert(BINDING_HEADER.into(), "other".into()))),

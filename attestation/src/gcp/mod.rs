@@ -11,7 +11,7 @@
 //! - [`jwt`]: the compact JWS, read strictly (RS256 only).
 //! - [`keys`]: Google's keys (JWKS) and the [`GoogleKeys`] trait the signer implements over a
 //!   cache, and `check` over a file.
-//! - [`verifier`]: [`GcpVerifier`].
+//! - [`verifier`]: the [`GcpVerifier`].
 //! - [`attestor`]: [`GcpAttestor`], the node side, over the [`attestor::GceMetadata`] trait the
 //!   plugin implements with HTTP.
 

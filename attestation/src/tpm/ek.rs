@@ -221,9 +221,18 @@ mod tests {
         }
         let mut smuggled = vector("ekcert.der");
         smuggled.extend_from_slice(&[0xFF, 0xFF, 0x30, 0x00]);
-        assert!(trust.verify(&ek, &smuggled, &chain).unwrap_err().contains("not padding"));
+        assert!(
+            trust
+                .verify(&ek, &smuggled, &chain)
+                .unwrap_err()
+                .contains("not padding")
+        );
         let cert = vector("ekcert.der");
-        assert!(strip_nv_padding(&cert[..cert.len() - 1]).unwrap_err().contains("claims"));
+        assert!(
+            strip_nv_padding(&cert[..cert.len() - 1])
+                .unwrap_err()
+                .contains("claims")
+        );
         assert!(strip_nv_padding(&[0x31, 0x00]).is_err());
         assert!(strip_nv_padding(&[0x30, 0x80, 0x00, 0x00]).is_err());
         assert_eq!(strip_nv_padding(&[0x30, 0x00, 0xFF]), Ok(&[0x30, 0x00][..]));
