@@ -83,7 +83,7 @@ pub struct CheckArgs {
     /// Other CSR objects of the workload cluster (a `tpm/v1` CSR #2 names its CSR #1).
     #[arg(long = "related-csr")]
     pub related_csrs: Vec<PathBuf>,
-    /// `tpm/v1`: EK CA bundle (PEM), as the controller's flag.
+    /// `tpm/v1`: EK CA bundle (a PEM file or a folder of them), as the controller's flag.
     #[arg(long)]
     pub tpm_ek_ca_bundle: Option<PathBuf>,
     /// `tpm/v1`: trust an unpinned, unchained EK for an unclaimed Machine.

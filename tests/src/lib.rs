@@ -11,6 +11,7 @@ pub mod envtest;
 pub mod kubelet;
 pub mod live;
 pub mod pkcs10;
+pub mod real_ek;
 pub mod stats;
 pub mod strict_der;
 pub mod swtpm;

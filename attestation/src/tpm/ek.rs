@@ -15,10 +15,27 @@ use super::public::TpmPublic;
 /// Longest chain followed (leaf, intermediates, root).
 const MAX_DEPTH: usize = 6;
 
-/// Trust anchors for EK certificates.
+/// Trust anchors for EK certificates, indexed by their subject (as an RDN-set key, so a
+/// chain step only parses the anchors whose name matches: the vendors' bundle holds hundreds).
 #[derive(Debug, Clone, Default)]
 pub struct EkTrust {
-    roots: Vec<Vec<u8>>,
+    roots: Vec<(NameKey, Vec<u8>)>,
+}
+
+/// A name as [`same_name`] compares it: RDNs in order, each a sorted set of (type, value).
+type NameKey = Vec<Vec<(String, Vec<u8>)>>;
+
+fn name_key(name: &x509_parser::x509::X509Name<'_>) -> NameKey {
+    name.iter()
+        .map(|rdn| {
+            let mut set: Vec<(String, Vec<u8>)> = rdn
+                .iter()
+                .map(|atv| (atv.attr_type().to_id_string(), atv.attr_value().data.to_vec()))
+                .collect();
+            set.sort();
+            set
+        })
+        .collect()
 }
 
 fn parse(der: &[u8]) -> Result<X509Certificate<'_>, String> {
@@ -80,22 +97,7 @@ fn outer_sequence_length(bytes: &[u8]) -> Result<usize, String> {
 /// subject of the CA that signed it can differ in bytes while naming the same CA; the
 /// signatures are still checked over the bytes as sent.
 fn same_name(a: &x509_parser::x509::X509Name<'_>, b: &x509_parser::x509::X509Name<'_>) -> bool {
-    if a.as_raw() == b.as_raw() {
-        return true;
-    }
-    let rdns = |name: &x509_parser::x509::X509Name<'_>| -> Vec<Vec<(String, Vec<u8>)>> {
-        name.iter()
-            .map(|rdn| {
-                let mut set: Vec<(String, Vec<u8>)> = rdn
-                    .iter()
-                    .map(|atv| (atv.attr_type().to_id_string(), atv.attr_value().data.to_vec()))
-                    .collect();
-                set.sort();
-                set
-            })
-            .collect()
-    };
-    rdns(a) == rdns(b)
+    a.as_raw() == b.as_raw() || name_key(a) == name_key(b)
 }
 
 fn is_ca(cert: &X509Certificate<'_>) -> bool {
@@ -110,18 +112,28 @@ impl EkTrust {
     /// Anchors from a PEM bundle (the `--tpm-ek-ca-bundle` file).
     pub fn from_pem(bundle: &[u8]) -> Result<Self, String> {
         let blocks = pem::parse_many(bundle).map_err(|e| format!("the EK CA bundle is not PEM: {e}"))?;
-        let roots: Vec<Vec<u8>> = blocks
-            .into_iter()
-            .filter(|b| b.tag() == "CERTIFICATE")
-            .map(|b| b.into_contents())
-            .collect();
+        let mut roots = Vec::new();
+        for (index, block) in blocks.into_iter().filter(|b| b.tag() == "CERTIFICATE").enumerate() {
+            let der = block.into_contents();
+            let key = parse(&der)
+                .map(|cert| name_key(cert.subject()))
+                .map_err(|e| format!("EK CA bundle, certificate {}: {e}", index + 1))?;
+            roots.push((key, der));
+        }
         if roots.is_empty() {
             return Err("the EK CA bundle holds no CERTIFICATE".into());
         }
-        for root in &roots {
-            parse(root).map_err(|e| format!("EK CA bundle: {e}"))?;
-        }
         Ok(Self { roots })
+    }
+
+    /// How many anchors.
+    pub fn len(&self) -> usize {
+        self.roots.len()
+    }
+
+    /// Whether there is none.
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
     }
 
     /// Checks that `cert` is `ek`'s certificate and chains to an anchor through
@@ -139,12 +151,18 @@ impl EkTrust {
             .iter()
             .map(|der| parse(der).map_err(|e| format!("EK intermediate: {e}")))
             .collect::<Result<_, _>>()?;
-        let roots: Vec<X509Certificate<'_>> = self.roots.iter().filter_map(|der| parse(der).ok()).collect();
         let mut current = &leaf;
         for _ in 0..MAX_DEPTH {
-            if roots.iter().any(|root| {
-                signed_by(current, root) && (is_ca(root) || root.basic_constraints().ok().flatten().is_none())
-            }) {
+            let issuer = name_key(current.issuer());
+            let anchored = self
+                .roots
+                .iter()
+                .filter(|(subject, _)| *subject == issuer)
+                .filter_map(|(_, der)| parse(der).ok())
+                .any(|root| {
+                    signed_by(current, &root) && (is_ca(&root) || root.basic_constraints().ok().flatten().is_none())
+                });
+            if anchored {
                 return Ok(());
             }
             match intermediates.iter().find(|i| is_ca(i) && signed_by(current, i)) {
@@ -236,6 +254,32 @@ mod tests {
         assert!(strip_nv_padding(&[0x31, 0x00]).is_err());
         assert!(strip_nv_padding(&[0x30, 0x80, 0x00, 0x00]).is_err());
         assert_eq!(strip_nv_padding(&[0x30, 0x00, 0xFF]), Ok(&[0x30, 0x00][..]));
+    }
+
+    /// `SEQUENCE { SET { atv... } }` of (OID arc bytes, PrintableString) pairs, in this order.
+    fn name(atvs: &[(&[u8], &str)]) -> Vec<u8> {
+        let tlv = |tag: u8, body: &[u8]| [&[tag, u8::try_from(body.len()).unwrap()][..], body].concat();
+        let set: Vec<u8> = atvs
+            .iter()
+            .flat_map(|(oid, value)| tlv(0x30, &[tlv(0x06, oid), tlv(0x13, value.as_bytes())].concat()))
+            .collect();
+        tlv(0x30, &tlv(0x31, &set))
+    }
+
+    #[test]
+    fn names_match_as_rdn_sets_whatever_the_order_inside_an_rdn() {
+        use x509_parser::x509::X509Name;
+        const C: &[u8] = &[0x55, 0x04, 0x06];
+        const O: &[u8] = &[0x55, 0x04, 0x0a];
+        let sorted = name(&[(C, "TW"), (O, "Nuvoton")]);
+        let unsorted = name(&[(O, "Nuvoton"), (C, "TW")]);
+        let other = name(&[(C, "TW"), (O, "Nuvotom")]);
+        let (_, a) = X509Name::from_der(&sorted).unwrap();
+        let (_, b) = X509Name::from_der(&unsorted).unwrap();
+        let (_, c) = X509Name::from_der(&other).unwrap();
+        assert_ne!(a.as_raw(), b.as_raw());
+        assert!(same_name(&a, &b));
+        assert!(!same_name(&a, &c));
     }
 
     fn rcgen_root() -> (rcgen::KeyPair, String) {

@@ -121,8 +121,9 @@ pub struct RunArgs {
     /// Timeout of workload-cluster requests.
     #[arg(long, env = "SIGNER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: std::time::Duration,
-    /// `tpm/v1`: PEM bundle of EK CA certificates; an EK whose certificate chains to one is
-    /// trusted (validity dates are not enforced). Without it only pinned or claimed EKs are.
+    /// `tpm/v1`: PEM bundle of EK CA certificates (a file, or a folder of `*.pem` files such as
+    /// the shipped vendors' bundle); an EK whose certificate chains to one is trusted (validity
+    /// dates are not enforced). Without it only pinned or claimed EKs are.
     #[arg(long, env = "SIGNER_TPM_EK_CA_BUNDLE")]
     pub tpm_ek_ca_bundle: Option<PathBuf>,
     /// `tpm/v1`: accept an EK with neither chain nor pin for an unclaimed Machine (it is then
@@ -157,12 +158,35 @@ pub fn verifiers(
         .with_trust_on_first_use(trust_on_first_use)
         .with_challenge_ttl(time::Duration::try_from(challenge_ttl).context("--tpm-challenge-ttl is too large")?);
     if let Some(path) = ek_ca_bundle {
-        let pem = std::fs::read(path).with_context(|| format!("cannot read --tpm-ek-ca-bundle {}", path.display()))?;
+        let pem = read_bundle(path).with_context(|| format!("cannot read --tpm-ek-ca-bundle {}", path.display()))?;
         let trust = attestation::tpm::ek::EkTrust::from_pem(&pem)
             .map_err(|e| anyhow::anyhow!("--tpm-ek-ca-bundle {}: {e}", path.display()))?;
         tpm = tpm.with_ek_trust(trust);
     }
     Ok(Verifiers::new().with(attestation::insecure::InsecureVerifier).with(tpm))
+}
+
+/// `--tpm-ek-ca-bundle`: a PEM file, or a folder whose `*.pem` files are read in name order (the
+/// shipped bundle is one ConfigMap per vendor, projected into one folder; the `..data` entries
+/// a mounted ConfigMap carries are skipped).
+fn read_bundle(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    if !path.is_dir() {
+        return std::fs::read(path);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            !name.starts_with('.') && name.ends_with(".pem") && p.is_file()
+        })
+        .collect();
+    files.sort();
+    let mut all = Vec::new();
+    for file in files {
+        all.extend(std::fs::read(&file)?);
+        all.push(b'\n');
+    }
+    Ok(all)
 }
 
 fn init_logging(format: LogFormat) {
