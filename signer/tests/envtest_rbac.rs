@@ -99,6 +99,16 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         .build(),
     );
     allowed(&env, WORKLOAD_USER, &["certificate", "approve", "ours"]);
+    // Every client signer of the SPEC, the cloud ones included.
+    for signer in [
+        attestation::names::SIGNER_TPM,
+        attestation::names::SIGNER_GCP,
+        attestation::names::SIGNER_AWS,
+    ] {
+        let name = format!("ours-{}", signer.rsplit('-').next().unwrap_or_default());
+        file_csr(&env, &name, signer, &["digital signature", "client auth"], &request);
+        allowed(&env, WORKLOAD_USER, &["certificate", "approve", &name]);
+    }
     allowed(&env, WORKLOAD_USER, &["certificate", "approve", "serving"]);
     forbidden(&env, WORKLOAD_USER, &["certificate", "approve", "legacy"]);
     allowed(

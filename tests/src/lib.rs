@@ -10,6 +10,7 @@ pub mod csr;
 pub mod envtest;
 pub mod kubelet;
 pub mod live;
+pub mod moto;
 pub mod pkcs10;
 pub mod real_ek;
 pub mod stats;
