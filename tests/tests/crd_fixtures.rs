@@ -149,6 +149,47 @@ fn yaml_documents(path: &str) -> Vec<Value> {
         .collect()
 }
 
+#[test]
+fn the_per_cloud_templates_validate_and_name_nodes_as_their_providers_do() {
+    let schemas = schemas();
+    for (file, scheme, name) in [
+        ("images/kubeadm/kubeadm-config-template-aws.yaml", "aws:///", "{{ ds.meta_data.local_hostname }}"),
+        ("images/kubeadm/kubeadm-config-template-gcp.yaml", "gce://", "{{ v1.local_hostname.split('.')[0] }}"),
+    ] {
+        let template = yaml_documents(file).remove(0);
+        let config = as_kubeadm_config(&template);
+        validate(&schemas, &config).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let spec = &config["spec"];
+        let registration = &spec["joinConfiguration"]["nodeRegistration"];
+        assert_eq!(registration["name"], name, "{file}");
+        let provider_id = spec["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/etc/kubernetes/provider-id")
+            .unwrap_or_else(|| panic!("{file}: the provider-ID file"));
+        assert!(provider_id["content"].as_str().unwrap().starts_with(scheme), "{file}");
+        let flag = registration["kubeletExtraArgs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "provider-id")
+            .unwrap_or_else(|| panic!("{file}: kubelet --provider-id"));
+        assert_eq!(flag["value"], provider_id["content"], "{file}: one provider ID");
+        // The same kubelet configuration as the tested template.
+        let reference = as_kubeadm_config(&yaml_documents("images/kubeadm/kubeadm-config-template.yaml").remove(0));
+        let patch = |c: &Value| {
+            c["spec"]["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["path"].as_str().unwrap().contains("kubeletconfiguration"))
+                .cloned()
+        };
+        assert_eq!(patch(&config), patch(&reference), "{file}");
+    }
+}
+
 /// A KubeadmConfigTemplate's template as the KubeadmConfig its Machines get: what the CRD of
 /// the config validates (the template's own CRD wraps the same schema).
 fn as_kubeadm_config(template: &Value) -> Value {
