@@ -196,18 +196,6 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         (Some(cert), Some(key)) => Some(load_ca(cert, key)?),
         _ => None,
     };
-    let csr = load_csr(args, &inventory, &mut assumptions)?;
-    let now = match &args.now {
-        Some(text) => {
-            OffsetDateTime::parse(text, &Rfc3339).with_context(|| format!("--now {text:?} is not RFC 3339"))?
-        }
-        None => OffsetDateTime::now_utc(),
-    };
-    let clock = Clock {
-        now,
-        first_seen: csr.created.unwrap_or(now),
-        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
-    };
     let challenge_key = match &args.tpm_challenge_key {
         Some(path) => Zeroizing::new(std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?),
         None => {
@@ -226,17 +214,30 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         }
         None => cloud.sts.clone(),
     };
-    let verifiers = crate::cloud::with_cloud_verifiers(
-        crate::controller::verifiers(
-            attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
-            args.tpm_ek_ca_bundle.as_deref(),
-            args.tpm_trust_on_first_use,
-            args.tpm_challenge_ttl,
-        )?,
+    let verifiers = crate::verifiers::all(
+        attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
+        &crate::verifiers::TpmSettings {
+            ek_ca_bundle: args.tpm_ek_ca_bundle.as_deref(),
+            trust_on_first_use: args.tpm_trust_on_first_use,
+            challenge_ttl: args.tpm_challenge_ttl,
+        },
         &args.cloud,
         cloud.google.clone(),
         sts,
     )?;
+    let csr = load_csr(args, &inventory, &verifiers, &mut assumptions)?;
+    let now = match &args.now {
+        Some(text) => {
+            OffsetDateTime::parse(text, &Rfc3339).with_context(|| format!("--now {text:?} is not RFC 3339"))?
+        }
+        None => OffsetDateTime::now_utc(),
+    };
+    let clock = Clock {
+        now,
+        first_seen: csr.created.unwrap_or(now),
+        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
+    };
+
     let related = args
         .related_csrs
         .iter()
@@ -308,17 +309,25 @@ fn csr_file(path: &Path) -> Result<CsrObject> {
     Ok(csr_object(&csr))
 }
 
-fn load_csr(args: &CheckArgs, inventory: &Inventory, assumptions: &mut Vec<String>) -> Result<CsrObject> {
+fn load_csr(
+    args: &CheckArgs,
+    inventory: &Inventory,
+    verifiers: &attestation::attestor::Verifiers,
+    assumptions: &mut Vec<String>,
+) -> Result<CsrObject> {
     let text = std::fs::read_to_string(&args.csr).with_context(|| format!("cannot read {}", args.csr.display()))?;
     if !text.trim_start().starts_with("-----BEGIN") {
         return csr_file(&args.csr);
     }
     // A bare spec.request: fill in what a CSR object would carry.
     let provider = RequestEnvelope::parse(text.as_bytes()).ok().and_then(|e| e.provider);
+    // The signer name of the PROVIDER block's verifier (insecure's when there is none).
     let signer_name = match (&args.signer_name, provider.as_ref().map(|p| p.provider())) {
         (Some(name), _) => name.clone(),
-        (None, Some("tpm")) => attestation::names::SIGNER_TPM.to_owned(),
-        _ => attestation::names::SIGNER_INSECURE.to_owned(),
+        (None, provider) => provider
+            .and_then(|p| verifiers.for_provider(p))
+            .map_or(attestation::names::SIGNER_INSECURE, |v| v.signer_name())
+            .to_owned(),
     };
     let username = args.username.clone().unwrap_or_else(|| {
         inventory

@@ -99,25 +99,6 @@ impl CloudArgs {
     }
 }
 
-/// Adds `gcp/v1` and `aws/v1`, configured from the flags, finding Google's keys in `google`
-/// and STS's answers in `sts`.
-pub fn with_cloud_verifiers(
-    verifiers: attestation::attestor::Verifiers,
-    args: &CloudArgs,
-    google: Arc<dyn GoogleKeys>,
-    sts: Arc<dyn CallerIdentity>,
-) -> Result<attestation::attestor::Verifiers> {
-    let max_age = args.max_age()?;
-    Ok(verifiers
-        .with(attestation::gcp::GcpVerifier::new(google).with_max_age(max_age))
-        .with(
-            attestation::aws::AwsVerifier::new(sts)
-                .with_certificates(args.region_certificates()?)
-                .with_endpoints(args.sts_endpoints()?)
-                .with_max_age(max_age),
-        ))
-}
-
 /// An HTTPS client for the cloud endpoints (plain HTTP too, for a test or a local endpoint).
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 

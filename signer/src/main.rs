@@ -6,6 +6,7 @@ mod cloud;
 mod controller;
 mod csr_object;
 mod manifests;
+mod verifiers;
 
 use std::process::ExitCode;
 

@@ -153,8 +153,16 @@ fn yaml_documents(path: &str) -> Vec<Value> {
 fn the_per_cloud_templates_validate_and_name_nodes_as_their_providers_do() {
     let schemas = schemas();
     for (file, scheme, name) in [
-        ("images/kubeadm/kubeadm-config-template-aws.yaml", "aws:///", "{{ ds.meta_data.local_hostname }}"),
-        ("images/kubeadm/kubeadm-config-template-gcp.yaml", "gce://", "{{ v1.local_hostname.split('.')[0] }}"),
+        (
+            "images/kubeadm/kubeadm-config-template-aws.yaml",
+            "aws:///",
+            "{{ ds.meta_data.local_hostname }}",
+        ),
+        (
+            "images/kubeadm/kubeadm-config-template-gcp.yaml",
+            "gce://",
+            "{{ v1.local_hostname.split('.')[0] }}",
+        ),
     ] {
         let template = yaml_documents(file).remove(0);
         let config = as_kubeadm_config(&template);

@@ -33,7 +33,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
-use attestation::attestor::Verifiers;
 use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use prometheus_client::registry::Registry;
@@ -144,49 +143,6 @@ pub struct RunArgs {
     /// `tpm/v1`: how long a challenge may go unanswered.
     #[arg(long, env = "SIGNER_TPM_CHALLENGE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tpm_challenge_ttl: std::time::Duration,
-}
-
-/// The verifiers: `insecure/v1`, and `tpm/v1` configured from the flags and `challenge_key`
-/// (loaded now, or later by [`challenge_key::ChallengeKeyLoader`]).
-pub fn verifiers(
-    challenge_key: attestation::tpm::verifier::ChallengeKey,
-    ek_ca_bundle: Option<&std::path::Path>,
-    trust_on_first_use: bool,
-    challenge_ttl: std::time::Duration,
-) -> Result<Verifiers> {
-    let mut tpm = attestation::tpm::TpmVerifier::with_challenge_key(challenge_key)
-        .with_trust_on_first_use(trust_on_first_use)
-        .with_challenge_ttl(time::Duration::try_from(challenge_ttl).context("--tpm-challenge-ttl is too large")?);
-    if let Some(path) = ek_ca_bundle {
-        let pem = read_bundle(path).with_context(|| format!("cannot read --tpm-ek-ca-bundle {}", path.display()))?;
-        let trust = attestation::tpm::ek::EkTrust::from_pem(&pem)
-            .map_err(|e| anyhow::anyhow!("--tpm-ek-ca-bundle {}: {e}", path.display()))?;
-        tpm = tpm.with_ek_trust(trust);
-    }
-    Ok(Verifiers::new().with(attestation::insecure::InsecureVerifier).with(tpm))
-}
-
-/// `--tpm-ek-ca-bundle`: a PEM file, or a folder whose `*.pem` files are read in name order (the
-/// shipped bundle is one ConfigMap per vendor, projected into one folder; the `..data` entries
-/// a mounted ConfigMap carries are skipped).
-fn read_bundle(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    if !path.is_dir() {
-        return std::fs::read(path);
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            !name.starts_with('.') && name.ends_with(".pem") && p.is_file()
-        })
-        .collect();
-    files.sort();
-    let mut all = Vec::new();
-    for file in files {
-        all.extend(std::fs::read(&file)?);
-        all.push(b'\n');
-    }
-    Ok(all)
 }
 
 fn init_logging(format: LogFormat) {
@@ -349,13 +305,13 @@ async fn serve(args: &RunArgs) -> Result<()> {
     });
     let cloud = Arc::new(crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?);
     tokio::spawn(Arc::clone(&cloud).keep_keys_current());
-    let verifiers = crate::cloud::with_cloud_verifiers(
-        verifiers(
-            challenge_key.key(),
-            args.tpm_ek_ca_bundle.as_deref(),
-            args.tpm_trust_on_first_use,
-            args.tpm_challenge_ttl,
-        )?,
+    let verifiers = crate::verifiers::all(
+        challenge_key.key(),
+        &crate::verifiers::TpmSettings {
+            ek_ca_bundle: args.tpm_ek_ca_bundle.as_deref(),
+            trust_on_first_use: args.tpm_trust_on_first_use,
+            challenge_ttl: args.tpm_challenge_ttl,
+        },
         &args.cloud,
         cloud.google.clone(),
         cloud.sts.clone(),
