@@ -52,9 +52,19 @@ impl DigestKind {
     }
 }
 
+/// Which certificate the signer names (`SignerInfo.sid`): the signature must be by that one.
+#[derive(Clone, PartialEq, Eq)]
+enum SignerId {
+    /// DER of the issuer name, and the serial's content octets.
+    IssuerAndSerial { issuer: Vec<u8>, serial: Vec<u8> },
+    /// The subject key identifier.
+    KeyId(Vec<u8>),
+}
+
 /// A decoded, not yet verified, signed identity document.
 #[derive(Clone)]
 pub struct SignedDocument {
+    signer: SignerId,
     content: Vec<u8>,
     digest: DigestKind,
     signed_attributes_der: Option<Vec<u8>>,
@@ -75,6 +85,16 @@ fn ber<T: rasn::Decode>(what: &str, bytes: &[u8]) -> Result<T, String> {
         Ok((value, [])) => Ok(value),
         Ok((_, rest)) => Err(format!("{what}: {} bytes after its end", rest.len())),
         Err(e) => Err(format!("{what} does not decode: {e}")),
+    }
+}
+
+/// The content octets of an INTEGER's DER (what a certificate's raw serial holds).
+fn integer_octets(value: &rasn::types::Integer) -> Result<Vec<u8>, String> {
+    let der = rasn::der::encode(value).map_err(|e| format!("the PKCS#7 signer's serial: {e}"))?;
+    match der.as_slice() {
+        [0x02, length, rest @ ..] if usize::from(*length) == rest.len() && *length < 0x80 => Ok(rest.to_vec()),
+        [0x02, 0x81, length, rest @ ..] if usize::from(*length) == rest.len() => Ok(rest.to_vec()),
+        _ => Err("the PKCS#7 signer's serial is too long".into()),
     }
 }
 
@@ -118,6 +138,24 @@ impl SignedDocument {
                 signer.digest_algorithm.algorithm
             )
         })?;
+        // The digests the SignedData declares are the ones OpenSSL prepares: every one must be
+        // known, and the signer's among them.
+        let declared: Vec<Option<DigestKind>> = signed
+            .digest_algorithms
+            .to_vec()
+            .into_iter()
+            .map(|a| DigestKind::from_oid(&a.algorithm))
+            .collect();
+        if declared.iter().any(Option::is_none) || !declared.contains(&Some(digest)) {
+            return Err("the PKCS#7's digestAlgorithms do not list the signer's digest (and only known ones)".into());
+        }
+        let signer_id = match &signer.sid {
+            rasn_cms::SignerIdentifier::IssuerAndSerialNumber(id) => SignerId::IssuerAndSerial {
+                issuer: rasn::der::encode(&id.issuer).map_err(|e| format!("the PKCS#7 signer's issuer: {e}"))?,
+                serial: integer_octets(&id.serial_number)?,
+            },
+            rasn_cms::SignerIdentifier::SubjectKeyIdentifier(key) => SignerId::KeyId(key.to_vec()),
+        };
         let signature_algorithm = signer.signature_algorithm.algorithm.to_string();
         let expected = match digest {
             DigestKind::Sha256 => "1.2.840.113549.1.1.11",
@@ -166,6 +204,7 @@ impl SignedDocument {
             }
         };
         Ok(Self {
+            signer: signer_id,
             content: content.to_vec(),
             digest,
             signed_attributes_der,
@@ -182,6 +221,17 @@ impl SignedDocument {
     pub fn verify(&self, certificate_der: &[u8]) -> Result<(), String> {
         let (_, certificate) = x509_parser::certificate::X509Certificate::from_der(certificate_der)
             .map_err(|e| format!("the AWS certificate does not parse: {e}"))?;
+        let named = match &self.signer {
+            SignerId::IssuerAndSerial { issuer, serial } => {
+                certificate.issuer().as_raw() == issuer.as_slice() && certificate.raw_serial() == serial.as_slice()
+            }
+            SignerId::KeyId(id) => certificate.extensions().iter().any(|e| {
+                matches!(e.parsed_extension(), x509_parser::extensions::ParsedExtension::SubjectKeyIdentifier(ski) if ski.0 == id.as_slice())
+            }),
+        };
+        if !named {
+            return Err("the PKCS#7 names another signer than the region's AWS certificate".into());
+        }
         let key = &certificate.public_key().subject_public_key.data;
         let signed = self.signed_attributes_der.as_deref().unwrap_or(&self.content);
         aws_lc_rs::signature::UnparsedPublicKey::new(self.digest.rsa(), key)
