@@ -368,10 +368,23 @@ fn gcp_a_rotated_key_makes_the_signer_fetch_again_then_an_unknown_one_is_refused
     );
     assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:?}");
     assert_eq!(decision.cloud_calls, [CloudCall::RefreshGoogleKeys]);
+    // Keys fetched in the CSR's own second (creationTimestamp truncates) may predate it: fetch
+    // again, never refuse.
+    let same_second = now().replace_nanosecond(900_000_000).unwrap();
+    let csr_at = same_second.replace_nanosecond(0).unwrap();
+    let racing = Verifiers::new().with(GcpVerifier::new(Arc::new(FetchedAt(old_keys.clone(), same_second))));
+    let decision = decide(
+        &mut attestor,
+        &gcp.instance.provider_id(),
+        &racing,
+        &Gcp::cluster(),
+        csr_at,
+    );
+    assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:?}");
     // Keys fetched after the CSR and still without the kid: refused.
     let fresh = Verifiers::new().with(GcpVerifier::new(Arc::new(FetchedAt(
         old_keys,
-        now() + Duration::seconds(1),
+        now() + Duration::minutes(1),
     ))));
     let (reason, message) = denial(&decide(
         &mut attestor,

@@ -37,13 +37,23 @@ pub use verifier::AwsVerifier;
 pub const PROVIDER: &str = "aws";
 
 /// The DATA block of `aws/v1`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AwsData {
     /// Base64 PKCS#7 of the identity document, as the metadata service serves it.
     pub rsa2048: String,
     /// The signed `GetCallerIdentity` request.
     pub sts: sts::SignedStsRequest,
+}
+
+impl std::fmt::Debug for AwsData {
+    // The signed request carries a session token and a signature: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsData")
+            .field("rsa2048_bytes", &self.rsa2048.len())
+            .field("sts", &self.sts)
+            .finish()
+    }
 }
 
 impl AwsData {

@@ -38,13 +38,23 @@ const REQUIRED_SIGNED: [&str; 3] = ["host", "x-amz-date", BINDING_HEADER];
 const MAX_HEADER_VALUE: usize = 8 * 1024;
 
 /// The `sts` object of the DATA block, as the node sent it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignedStsRequest {
     /// Header name to value.
     pub headers: BTreeMap<String, String>,
     /// Standard base64 of the body.
     pub body: String,
+}
+
+impl std::fmt::Debug for SignedStsRequest {
+    // Header values (the signature, the session token) are never printed; their names are.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignedStsRequest")
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("body_bytes", &self.body.len())
+            .finish()
+    }
 }
 
 /// Where the signer sends STS requests: a URL per region.
@@ -481,6 +491,8 @@ mod tests {
         assert_eq!(call.body, GET_CALLER_IDENTITY_BODY.as_bytes());
         assert!(call.headers.iter().any(|(k, _)| k == "authorization"));
         assert!(!format!("{call:?}").contains("SESSION-SECRET") && !format!("{call:?}").contains("00ff"));
+        let sent = request(|_, _| {});
+        assert!(!format!("{sent:?}").contains("SESSION-SECRET") && !format!("{sent:?}").contains("00ff"));
     }
 
     #[test]

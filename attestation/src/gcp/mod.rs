@@ -43,12 +43,19 @@ pub fn audience(spki_der: &[u8]) -> String {
 }
 
 /// The DATA block of `gcp/v1`: `{"identityToken": "<JWT>"}`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GcpData {
     /// The metadata server's identity token (`format=full`).
     #[serde(rename = "identityToken")]
     pub identity_token: String,
+}
+
+impl std::fmt::Debug for GcpData {
+    // The token is a credential for as long as it lives: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcpData").finish_non_exhaustive()
+    }
 }
 
 impl GcpData {

@@ -86,7 +86,9 @@ impl GcpVerifier {
         kid: &str,
         fetched_at: Option<OffsetDateTime>,
     ) -> Result<Verification, Failure> {
-        let filed = evidence.object.created;
+        // creationTimestamp has whole seconds: the CSR was filed within the second after it,
+        // so only keys fetched a second later surely postdate it.
+        let filed = evidence.object.created.map(|at| at + Duration::seconds(1));
         match (fetched_at, filed) {
             (None, _) => Err(fail(format!("signature: key {kid:?} is not among Google's keys"))),
             (Some(fetched), Some(filed)) if fetched >= filed => Err(fail(format!(
