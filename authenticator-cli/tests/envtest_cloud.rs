@@ -161,7 +161,9 @@ async fn a_gce_node_joins_with_its_identity_token_and_renews_across_a_google_key
     assert_eq!(metadata.tokens(), 2, "the renewal re-attested");
     assert!(
         jwks.fetches() >= 2,
-        "the unknown kid {new_kid} made the signer fetch the keys again"
+        "the unknown kid {new_kid} made the signer fetch the keys again\n--- plugin ---\n{}\n--- signer ---\n{}",
+        String::from_utf8_lossy(&renewed.stderr),
+        signer.log()
     );
 
     // A stale token (an hour old) for worker-1: refused, and worker-1 stays unclaimed.
