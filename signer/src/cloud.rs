@@ -59,7 +59,8 @@ pub struct CloudArgs {
     #[arg(long, env = "SIGNER_AWS_IID_CERTIFICATES")]
     pub aws_iid_certificates: Option<PathBuf>,
     /// `aws/v1`: the STS endpoint requests are replayed to, `{region}` replaced by the
-    /// document's region; default: `https://sts.{region}.amazonaws.com` (`.com.cn` in China).
+    /// document's region; default: `https://sts.{region}.amazonaws.com` (`.com.cn` in China,
+    /// `.amazonaws.eu` in the European Sovereign Cloud).
     #[arg(long, env = "SIGNER_AWS_STS_ENDPOINT")]
     pub aws_sts_endpoint: Option<String>,
     /// How old a cloud statement (a GCE token's `iat`, an STS request's `x-amz-date`) may be.

@@ -70,7 +70,8 @@ impl Default for StsEndpoints {
 }
 
 impl StsEndpoints {
-    /// AWS's regional endpoints: `https://sts.<region>.amazonaws.com` (`.com.cn` in China).
+    /// AWS's regional endpoints: `https://sts.<region>.amazonaws.com` (`.com.cn` in China,
+    /// `.amazonaws.eu` in the European Sovereign Cloud).
     pub fn regional() -> Self {
         Self { template: None }
     }
@@ -91,6 +92,8 @@ impl StsEndpoints {
         match &self.template {
             Some(t) => t.replace("{region}", region),
             None if region.starts_with("cn-") => format!("https://sts.{region}.amazonaws.com.cn"),
+            // The European Sovereign Cloud is a partition of its own, under its own domain.
+            None if region.starts_with("eusc-") => format!("https://sts.{region}.amazonaws.eu"),
             None => format!("https://sts.{region}.amazonaws.com"),
         }
     }
@@ -404,7 +407,7 @@ pub fn check_instance_arn(arn: &str, account_id: &str, instance_id: &str) -> Res
     let parts: Vec<&str> = arn.splitn(6, ':').collect();
     let [
         "arn",
-        partition @ ("aws" | "aws-cn" | "aws-us-gov"),
+        partition @ ("aws" | "aws-cn" | "aws-us-gov" | "aws-eusc"),
         "sts",
         "",
         account,
@@ -584,6 +587,14 @@ mod tests {
         assert_eq!(
             StsEndpoints::regional().host("cn-north-1"),
             "sts.cn-north-1.amazonaws.com.cn"
+        );
+        assert_eq!(
+            StsEndpoints::regional().host("eusc-de-east-1"),
+            "sts.eusc-de-east-1.amazonaws.eu"
+        );
+        assert_eq!(
+            StsEndpoints::regional().host("us-gov-west-1"),
+            "sts.us-gov-west-1.amazonaws.com"
         );
         assert!(StsEndpoints::from_template("sts.example").is_err());
     }
