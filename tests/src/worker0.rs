@@ -31,11 +31,16 @@ pub struct Worker0 {
 impl Worker0 {
     /// The world, the Cluster allowing `attestors` (a comma list).
     pub fn new(attestors: &str) -> Self {
+        Self::with_provider_id(attestors, PID)
+    }
+
+    /// The world with worker-0's Machine at `provider_id` (a cloud's own form).
+    pub fn with_provider_id(attestors: &str, provider_id: &str) -> Self {
         Self {
             cluster: ClusterView::from_object(&capi::cluster(attestors)).expect("fixture Cluster"),
             inventory: Inventory {
                 machines: vec![
-                    MachineView::from_object(&capi::machine("worker-0", Some(PID)))
+                    MachineView::from_object(&capi::machine("worker-0", Some(provider_id)))
                         .expect("fixture")
                         .into(),
                 ],
@@ -53,13 +58,18 @@ impl Worker0 {
 
     /// The decision on `csr` at `now`, first seen then (`--csr-max-age` 15m).
     pub fn decide(&self, csr: &CsrObject, now: OffsetDateTime) -> Decision {
+        self.decide_with(csr, now, &self.verifiers)
+    }
+
+    /// [`Worker0::decide`] with other verifiers (the cloud providers').
+    pub fn decide_with(&self, csr: &CsrObject, now: OffsetDateTime, verifiers: &Verifiers) -> Decision {
         attestation::decide(&Inputs {
             csr,
             cluster: &self.cluster,
             inventory: &self.inventory,
             nodes: &self.nodes,
             csrs: &attestation::NoCsrs,
-            verifiers: &self.verifiers,
+            verifiers,
             clock: Clock {
                 now,
                 first_seen: now,

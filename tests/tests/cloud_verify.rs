@@ -18,9 +18,9 @@ use attestation::decision::{DenyReason, Outcome};
 use attestation::gcp::attestor::{GceMetadata, GcpAttestor};
 use attestation::gcp::{GcpData, GcpVerifier, Jwks, KeyLookup};
 use attestation::identity::{NodeName, ProviderId};
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
+use attestation::machine::ClusterView;
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
-use attestation::{Clock, CsrObject, Decision, Inputs};
+use attestation::{CsrObject, Decision};
 use serde_json::{Value, json};
 use tests::capi;
 use tests::cloud::{AwsIdentityCa, GceInstance, GoogleSigner, document, rsa2048_body};
@@ -66,32 +66,9 @@ fn decide_request(
     let mut csr: CsrObject = client_csr_object(request, "abcdef");
     csr.signer_name = signer.into();
     csr.created = Some(at);
-    let mut inventory = Inventory::default();
-    inventory.machines.push(
-        MachineView::from_object(&capi::machine("worker-0", Some(pid)))
-            .unwrap()
-            .into(),
-    );
-    inventory.kubeadm_configs = vec![
-        KubeadmConfigView::from_object(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2"))
-            .unwrap()
-            .into(),
-    ];
-    let nodes: Vec<attestation::machine::NodeView> = Vec::new();
-    attestation::decide(&Inputs {
-        csr: &csr,
-        cluster,
-        inventory: &inventory,
-        nodes: &nodes,
-        csrs: &attestation::NoCsrs,
-        verifiers,
-        clock: Clock {
-            now: at,
-            first_seen: at,
-            max_age: Duration::minutes(15),
-        },
-    })
-    .unwrap()
+    let mut world = tests::worker0::Worker0::with_provider_id("", pid);
+    world.cluster = cluster.clone();
+    world.decide_with(&csr, at, verifiers)
 }
 
 fn denial(decision: &Decision) -> (DenyReason, String) {

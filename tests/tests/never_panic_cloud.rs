@@ -13,12 +13,10 @@ use attestation::aws::{AwsData, AwsVerifier, RegionCertificates};
 use attestation::decision::Outcome;
 use attestation::gcp::jwt::SignedToken;
 use attestation::gcp::{GcpVerifier, Jwks};
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
-use attestation::{Clock, Inputs};
 use base64::Engine as _;
 use proptest::prelude::*;
-use tests::capi;
 use tests::csr::{RequestSpec, client_csr_object};
+use tests::worker0::Worker0;
 use time::macros::datetime;
 
 fn real_pkcs7() -> Vec<u8> {
@@ -64,39 +62,13 @@ fn decide(provider: &str, data: Vec<u8>) -> Outcome {
         _ => attestation::names::SIGNER_AWS,
     }
     .into();
-    let cluster = ClusterView::from_object(&capi::cluster("gcp,aws")).unwrap();
-    let mut inventory = Inventory::default();
-    inventory.machines.push(
-        MachineView::from_object(&capi::machine("worker-0", Some(pid)))
-            .unwrap()
-            .into(),
-    );
-    inventory.kubeadm_configs = vec![
-        KubeadmConfigView::from_object(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2"))
-            .unwrap()
-            .into(),
-    ];
     let keys = Jwks::parse(GOOGLE.jwks().as_bytes()).unwrap();
     let verifiers = Verifiers::new()
         .with(GcpVerifier::new(Arc::new(keys)))
         .with(AwsVerifier::new(Arc::new(NoSts)).with_certificates(RegionCertificates::shipped()));
-    let nodes: Vec<attestation::machine::NodeView> = Vec::new();
-    let now = datetime!(2026-11-22 08:00 UTC);
-    attestation::decide(&Inputs {
-        csr: &csr,
-        cluster: &cluster,
-        inventory: &inventory,
-        nodes: &nodes,
-        csrs: &attestation::NoCsrs,
-        verifiers: &verifiers,
-        clock: Clock {
-            now,
-            first_seen: now,
-            max_age: time::Duration::minutes(15),
-        },
-    })
-    .unwrap()
-    .outcome
+    Worker0::with_provider_id("gcp,aws", pid)
+        .decide_with(&csr, datetime!(2026-11-22 08:00 UTC), &verifiers)
+        .outcome
 }
 
 proptest! {
