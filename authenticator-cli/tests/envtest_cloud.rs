@@ -58,8 +58,10 @@ fn plugin(
             provider_id,
             "--attestor",
             attestor,
+            // The GCE renewal across a key rotation waits for the signer's next fetch of
+            // Google's keys (at most one a minute): well within this.
             "--timeout",
-            "60s",
+            "150s",
         ])
         .env_remove("KUBERNETES_EXEC_INFO")
         .env_remove("GCE_METADATA_HOST")
@@ -89,6 +91,15 @@ async fn who(w: &Workload, out: &Output, signer: &Signer) -> String {
         .await
         .unwrap();
     review.status.unwrap().user_info.unwrap().username.unwrap()
+}
+
+/// The certificate of the ExecCredential the plugin printed.
+fn certificate_of(out: &Output) -> String {
+    let credential: Value = serde_json::from_slice(&out.stdout).unwrap();
+    credential["status"]["clientCertificateData"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// The claim on Machine `name`, as JSON.
@@ -155,9 +166,15 @@ async fn a_gce_node_joins_with_its_identity_token_and_renews_across_a_google_key
 
     // Google rotates its key; the renewal's token names the new kid: the signer fetches again.
     let new_kid = google.lock().unwrap().rotate();
-    tests::ca::make_due_for_rotation(&w.env.client_ca, &pki, "worker-0", &worker0.provider_id());
+    let aging = tests::ca::make_due_for_rotation(&w.env.client_ca, &pki, "worker-0", &worker0.provider_id());
     let renewed = plugin(&bootstrap, &pki, "worker-0", &worker0.provider_id(), "gcp", &gce);
     assert_eq!(who(&w, &renewed, &signer).await, "system:node:worker-0");
+    assert_ne!(
+        certificate_of(&renewed),
+        aging,
+        "a new certificate, not the aging one answered after a failed renewal: {}",
+        String::from_utf8_lossy(&renewed.stderr)
+    );
     assert_eq!(metadata.tokens(), 2, "the renewal re-attested");
     assert!(
         jwks.fetches() >= 2,
@@ -256,9 +273,10 @@ async fn an_ec2_node_joins_through_moto_sts_and_requests_of_other_principals_or_
     assert_eq!(who(&w, &joined, &signer).await, "system:node:worker-0");
     let claim = claim_of(&admin, "worker-0", &pid(id0)).await.unwrap();
     assert_eq!(claim["instance"], format!("aws:{ACCOUNT}/{id0}"));
-    tests::ca::make_due_for_rotation(&w.env.client_ca, &pki, "worker-0", &pid(id0));
+    let aging = tests::ca::make_due_for_rotation(&w.env.client_ca, &pki, "worker-0", &pid(id0));
     let renewed = plugin(&bootstrap, &pki, "worker-0", &pid(id0), "aws", &env0);
     assert_eq!(who(&w, &renewed, &signer).await, "system:node:worker-0");
+    assert_ne!(certificate_of(&renewed), aging, "a new certificate");
 
     // worker-1's document with another instance's session: STS names the other principal.
     let imds1 = ImdsV2StandIn::start(signed(id1), "node-role", creds(&session_other));
