@@ -460,6 +460,26 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
         metric(&metrics, "node_attestation_issue_latency_seconds_count") >= (3 + RACES) as f64,
         "{metrics}"
     );
+    // The served CA's NotAfter, as the CA certificate says it.
+    let ca_not_after = {
+        let pem = pem::parse(&w.env.client_ca.cert_pem).unwrap();
+        let (_, cert) = x509_parser::parse_x509_certificate(pem.contents()).unwrap();
+        cert.validity().not_after.timestamp() as f64
+    };
+    assert_eq!(
+        metric(
+            &metrics,
+            "node_attestation_cluster_ca_not_after_timestamp_seconds{cluster=\"team-a/prod\"}"
+        ),
+        ca_not_after,
+        "{metrics}"
+    );
+    // No tpm/v1 CSR needed it, but the signer loads its challenge key at start.
+    assert_eq!(
+        metric(&metrics, "node_attestation_tpm_challenge_key_loaded"),
+        1.0,
+        "{metrics}"
+    );
     let events = w
         .env
         .kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);

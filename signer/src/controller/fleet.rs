@@ -301,6 +301,15 @@ impl Fleet {
         let mut counts: Vec<(ClusterState, i64)> = self.problems.values().map(|(s, _)| (*s, 1)).collect();
         counts.extend(self.running.values().map(|r| (r.worker.state(), 1)));
         self.shared.metrics.cluster_states(&counts);
+        let cas: Vec<(String, i64)> = self
+            .running
+            .iter()
+            .filter_map(|(cluster, r)| r.worker.ca_not_after().map(|at| (cluster.clone(), at.unix_timestamp())))
+            .collect();
+        self.shared.metrics.ca_expiries(&cas);
+        self.shared
+            .metrics
+            .tpm_challenge_key(self.shared.challenge_key.key().is_loaded());
     }
 
     /// Logs, counts and records (in the background) the Clusters this replica gained and

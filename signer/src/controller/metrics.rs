@@ -112,6 +112,8 @@ pub struct Metrics {
     issue_latency: Histogram,
     clusters: Family<StateLabels, Gauge>,
     legacy_autoapprove: Family<BindingLabels, Gauge>,
+    ca_not_after: Family<ClusterLabels, Gauge>,
+    tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
     leader: Gauge,
     shard_members: Gauge,
@@ -133,6 +135,8 @@ impl Metrics {
             )),
             clusters: Family::default(),
             legacy_autoapprove: Family::default(),
+            ca_not_after: Family::default(),
+            tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
             leader: Gauge::default(),
             shard_members: Gauge::default(),
@@ -171,6 +175,16 @@ impl Metrics {
             "legacy_autoapprove_binding",
             "1 while a kubeadm auto-approve binding (node-autoapprove-bootstrap, node-autoapprove-certificate-rotation) exists in the workload cluster",
             metrics.legacy_autoapprove.clone(),
+        );
+        r.register(
+            "cluster_ca_not_after_timestamp_seconds",
+            "NotAfter of each served Cluster's CA (<cluster>-ca), in seconds since the epoch: issued certificates end there at the latest",
+            metrics.ca_not_after.clone(),
+        );
+        r.register(
+            "tpm_challenge_key_loaded",
+            "1 once the tpm/v1 challenge key is loaded from its Secret; 0 while tpm/v1 CSRs are held back for want of it",
+            metrics.tpm_challenge_key_loaded.clone(),
         );
         r.register(
             "queue_dropped",
@@ -231,6 +245,24 @@ impl Metrics {
             let n = counts.iter().filter(|(s, _)| *s == state).map(|(_, n)| n).sum();
             self.clusters.get_or_create(&StateLabels { state }).set(n);
         }
+    }
+
+    /// The CAs of the Clusters this replica serves now: (cluster, NotAfter in Unix seconds).
+    /// Clusters no longer served lose their series.
+    pub fn ca_expiries(&self, cas: &[(String, i64)]) {
+        self.ca_not_after.clear();
+        for (cluster, not_after) in cas {
+            self.ca_not_after
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.clone(),
+                })
+                .set(*not_after);
+        }
+    }
+
+    /// Whether the `tpm/v1` challenge key is loaded.
+    pub fn tpm_challenge_key(&self, loaded: bool) {
+        self.tpm_challenge_key_loaded.set(i64::from(loaded));
     }
 
     /// Reports a legacy binding's presence in `cluster`.
@@ -301,6 +333,30 @@ pub fn encode(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ca_expiries_follow_the_served_clusters_and_the_challenge_key_is_reported() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.ca_expiries(&[
+            ("team-a/prod".into(), 1_900_000_000),
+            ("team-a/dev".into(), 1_800_000_000),
+        ]);
+        m.ca_expiries(&[("team-a/prod".into(), 1_900_000_000)]);
+        m.tpm_challenge_key(true);
+        let text = encode(&registry);
+        assert!(
+            text.contains(
+                r#"node_attestation_cluster_ca_not_after_timestamp_seconds{cluster="team-a/prod"} 1900000000"#
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("team-a/dev"),
+            "a Cluster no longer served keeps no series: {text}"
+        );
+        assert!(text.contains("node_attestation_tpm_challenge_key_loaded 1"), "{text}");
+    }
 
     #[test]
     fn decisions_and_states_are_exposed() {

@@ -254,6 +254,11 @@ impl Worker {
         }
     }
 
+    /// NotAfter of the cluster's CA, when it loaded.
+    pub fn ca_not_after(&self) -> Option<time::OffsetDateTime> {
+        self.ca.as_ref().ok().map(|ca| ca.not_after())
+    }
+
     /// Stops taking work (the tasks end when [`Worker::run`] is aborted).
     pub fn stop(&self) {
         self.queue.close();
