@@ -307,6 +307,19 @@ impl Fleet {
             .filter_map(|(cluster, r)| r.worker.ca_not_after().map(|at| (cluster.clone(), at.unix_timestamp())))
             .collect();
         self.shared.metrics.ca_expiries(&cas);
+        let now = time::OffsetDateTime::now_utc();
+        let waiting: Vec<(String, i64)> = self
+            .running
+            .iter()
+            .map(|(cluster, r)| {
+                let age = r
+                    .worker
+                    .oldest_waiting()
+                    .map_or(0, |at| (now - at).whole_seconds().max(0));
+                (cluster.clone(), age)
+            })
+            .collect();
+        self.shared.metrics.oldest_waiting(&waiting);
         self.shared
             .metrics
             .tpm_challenge_key(self.shared.challenge_key.key().is_loaded());

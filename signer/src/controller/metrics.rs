@@ -113,6 +113,8 @@ pub struct Metrics {
     clusters: Family<StateLabels, Gauge>,
     legacy_autoapprove: Family<BindingLabels, Gauge>,
     ca_not_after: Family<ClusterLabels, Gauge>,
+    oldest_waiting: Family<ClusterLabels, Gauge>,
+    apply_errors: Family<ClusterLabels, Counter>,
     tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
     leader: Gauge,
@@ -136,6 +138,8 @@ impl Metrics {
             clusters: Family::default(),
             legacy_autoapprove: Family::default(),
             ca_not_after: Family::default(),
+            oldest_waiting: Family::default(),
+            apply_errors: Family::default(),
             tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
             leader: Gauge::default(),
@@ -180,6 +184,16 @@ impl Metrics {
             "cluster_ca_not_after_timestamp_seconds",
             "NotAfter of each served Cluster's CA (<cluster>-ca), in seconds since the epoch: issued certificates end there at the latest",
             metrics.ca_not_after.clone(),
+        );
+        r.register(
+            "csr_oldest_waiting_seconds",
+            "Age of the oldest CSR of each served Cluster still waiting for this signer (0 when none waits)",
+            metrics.oldest_waiting.clone(),
+        );
+        r.register(
+            "apply_errors",
+            "Decisions that could not be applied for an apiserver error (retried), by cluster",
+            metrics.apply_errors.clone(),
         );
         r.register(
             "tpm_challenge_key_loaded",
@@ -258,6 +272,28 @@ impl Metrics {
                 })
                 .set(*not_after);
         }
+    }
+
+    /// The age of each served Cluster's oldest waiting CSR, in seconds (0: none waits).
+    /// Clusters no longer served lose their series.
+    pub fn oldest_waiting(&self, ages: &[(String, i64)]) {
+        self.oldest_waiting.clear();
+        for (cluster, age) in ages {
+            self.oldest_waiting
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.clone(),
+                })
+                .set(*age);
+        }
+    }
+
+    /// A decision of `cluster` that could not be applied.
+    pub fn apply_error(&self, cluster: &str) {
+        self.apply_errors
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .inc();
     }
 
     /// Whether the `tpm/v1` challenge key is loaded.
@@ -344,7 +380,17 @@ mod tests {
         ]);
         m.ca_expiries(&[("team-a/prod".into(), 1_900_000_000)]);
         m.tpm_challenge_key(true);
+        m.oldest_waiting(&[("team-a/prod".into(), 0)]);
+        m.apply_error("team-a/prod");
         let text = encode(&registry);
+        assert!(
+            text.contains(r#"node_attestation_csr_oldest_waiting_seconds{cluster="team-a/prod"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"node_attestation_apply_errors_total{cluster="team-a/prod"} 1"#),
+            "{text}"
+        );
         assert!(
             text.contains(
                 r#"node_attestation_cluster_ca_not_after_timestamp_seconds{cluster="team-a/prod"} 1900000000"#

@@ -254,6 +254,22 @@ impl Worker {
         }
     }
 
+    /// When the oldest CSR still waiting for this signer was created (none waiting: `None`).
+    pub fn oldest_waiting(&self) -> Option<OffsetDateTime> {
+        self.csrs
+            .state()
+            .iter()
+            .filter(|csr| needs_us(csr))
+            .filter_map(|csr| csr.metadata.creation_timestamp.as_ref())
+            .filter_map(|t| OffsetDateTime::from_unix_timestamp_nanos(t.0.as_nanosecond()).ok())
+            .min()
+    }
+
+    /// Counts a decision that could not be applied (an apiserver error, not a conflict).
+    fn apply_failed(&self) {
+        self.shared.metrics.apply_error(&self.key);
+    }
+
     /// NotAfter of the cluster's CA, when it loaded.
     pub fn ca_not_after(&self) -> Option<time::OffsetDateTime> {
         self.ca.as_ref().ok().map(|ca| ca.not_after())
@@ -529,6 +545,7 @@ impl Worker {
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not apply the decision; retrying");
+                self.apply_failed();
                 self.retry(&csr, &e.to_string());
                 if e.is_overload() {
                     Answer::Overloaded
