@@ -12,6 +12,7 @@ pub mod kubelet;
 pub mod live;
 pub mod moto;
 pub mod pkcs10;
+pub mod prometheus;
 pub mod real_ek;
 pub mod stats;
 pub mod strict_der;

@@ -80,6 +80,13 @@ struct ClusterLabels {
     cluster: String,
 }
 
+/// An issued client certificate: its cluster, and whether it was a join or a renewal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IssuedLabels {
+    cluster: String,
+    kind: &'static str,
+}
+
 /// A kubeadm binding in a cluster: bounded (two binding names).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BindingLabels {
@@ -115,6 +122,7 @@ pub struct Metrics {
     ca_not_after: Family<ClusterLabels, Gauge>,
     oldest_waiting: Family<ClusterLabels, Gauge>,
     apply_errors: Family<ClusterLabels, Counter>,
+    issued: Family<IssuedLabels, Counter>,
     tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
     leader: Gauge,
@@ -140,6 +148,7 @@ impl Metrics {
             ca_not_after: Family::default(),
             oldest_waiting: Family::default(),
             apply_errors: Family::default(),
+            issued: Family::default(),
             tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
             leader: Gauge::default(),
@@ -189,6 +198,11 @@ impl Metrics {
             "csr_oldest_waiting_seconds",
             "Age of the oldest CSR of each served Cluster still waiting for this signer (0 when none waits)",
             metrics.oldest_waiting.clone(),
+        );
+        r.register(
+            "certificates_issued",
+            "Client certificates issued, by cluster and kind (join: a bootstrap-token request; renewal: the node's own)",
+            metrics.issued.clone(),
         );
         r.register(
             "apply_errors",
@@ -287,6 +301,16 @@ impl Metrics {
         }
     }
 
+    /// A client certificate issued in `cluster`, a `join` or a `renewal`.
+    pub fn issued(&self, cluster: &str, kind: &'static str) {
+        self.issued
+            .get_or_create(&IssuedLabels {
+                cluster: cluster.to_owned(),
+                kind,
+            })
+            .inc();
+    }
+
     /// A decision of `cluster` that could not be applied.
     pub fn apply_error(&self, cluster: &str) {
         self.apply_errors
@@ -382,7 +406,12 @@ mod tests {
         m.tpm_challenge_key(true);
         m.oldest_waiting(&[("team-a/prod".into(), 0)]);
         m.apply_error("team-a/prod");
+        m.issued("team-a/prod", "join");
         let text = encode(&registry);
+        assert!(
+            text.contains(r#"node_attestation_certificates_issued_total{cluster="team-a/prod",kind="join"} 1"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"node_attestation_csr_oldest_waiting_seconds{cluster="team-a/prod"} 0"#),
             "{text}"

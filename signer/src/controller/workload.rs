@@ -682,6 +682,13 @@ impl Worker {
                 .metrics
                 .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
         }
+        // A bootstrap-token requester joins; the node itself renews (rule 7).
+        let kind = if object.username.starts_with(attestation::names::BOOTSTRAP_USER_PREFIX) {
+            "join"
+        } else {
+            "renewal"
+        };
+        self.shared.metrics.issued(&self.key, kind);
         tracing::info!(reason, not_after = %certificate.not_after, "approved and signed");
         self.mark_finished(csr);
         if let Some(earlier) = &decision.supersedes {
