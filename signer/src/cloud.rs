@@ -360,15 +360,24 @@ impl StsAnswers {
             StsAnswer::Unavailable(why) => tracing::warn!(url = %call.url, %why, "STS could not be asked"),
             StsAnswer::NotAsked => {}
         }
-        let mut answers = lock(&self.answers);
-        if answers.len() >= STS_MAX_ANSWERS {
-            let keep = self.keep;
-            answers.retain(|_, (answer, at)| at.elapsed() < lifetime(answer, keep));
-        }
-        if answers.len() < STS_MAX_ANSWERS {
-            answers.insert(call.cache_key(), (answer, Instant::now()));
-        }
+        remember(&mut lock(&self.answers), call.cache_key(), answer, self.keep);
     }
+}
+
+/// Keeps `answer` for `key`. A full map first forgets expired answers, then the oldest: the
+/// newest answer is always kept, since the decision that asked reads it next (dropping it
+/// would make that CSR ask again, and again, while thousands of fresh answers fill the map).
+fn remember(answers: &mut HashMap<[u8; 32], (StsAnswer, Instant)>, key: [u8; 32], answer: StsAnswer, keep: Duration) {
+    if answers.len() >= STS_MAX_ANSWERS {
+        answers.retain(|_, (answer, at)| at.elapsed() < lifetime(answer, keep));
+    }
+    while answers.len() >= STS_MAX_ANSWERS {
+        let Some(oldest) = answers.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k) else {
+            break;
+        };
+        answers.remove(&oldest);
+    }
+    answers.insert(key, (answer, Instant::now()));
 }
 
 fn lifetime(answer: &StsAnswer, keep: Duration) -> Duration {
@@ -465,6 +474,36 @@ mod tests {
             Some(Duration::from_secs(19817))
         );
         assert_eq!(cache_max_age("no-cache"), None);
+    }
+
+    #[test]
+    fn a_full_answer_map_forgets_its_oldest_and_keeps_the_newest() {
+        let mut answers = HashMap::new();
+        let keep = Duration::from_secs(660);
+        let key = |n: usize| {
+            let mut k = [0u8; 32];
+            k[..8].copy_from_slice(&(n as u64).to_be_bytes());
+            k
+        };
+        for n in 0..STS_MAX_ANSWERS {
+            remember(&mut answers, key(n), StsAnswer::Caller { arn: n.to_string() }, keep);
+        }
+        // Make one strictly the oldest (inserts in a row can share an Instant).
+        if let (Some(entry), Some(earlier)) = (
+            answers.get_mut(&key(0)),
+            Instant::now().checked_sub(Duration::from_secs(1)),
+        ) {
+            entry.1 = earlier;
+        }
+        remember(
+            &mut answers,
+            key(STS_MAX_ANSWERS),
+            StsAnswer::Caller { arn: "newest".into() },
+            keep,
+        );
+        assert_eq!(answers.len(), STS_MAX_ANSWERS);
+        assert!(matches!(&answers[&key(STS_MAX_ANSWERS)].0, StsAnswer::Caller { arn } if arn == "newest"));
+        assert!(!answers.contains_key(&key(0)), "the oldest was forgotten");
     }
 
     #[test]
