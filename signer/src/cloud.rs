@@ -185,7 +185,6 @@ struct KeyState {
     keys: Option<Jwks>,
     fetched_at: Option<OffsetDateTime>,
     attempted: Option<Instant>,
-    failed: bool,
     last_error: Option<String>,
     stale_at: Option<Instant>,
     file_modified: Option<SystemTime>,
@@ -242,7 +241,7 @@ impl GoogleKeyCache {
         let _one_at_a_time = self.refreshing.lock().await;
         {
             let state = read(&self.state);
-            let wait = if state.failed {
+            let wait = if state.last_error.is_some() {
                 KEYS_RETRY_INTERVAL
             } else {
                 KEYS_MIN_INTERVAL
@@ -272,12 +271,10 @@ impl GoogleKeyCache {
                 state.keys = Some(keys);
                 state.fetched_at = Some(OffsetDateTime::now_utc());
                 state.stale_at = Some(Instant::now() + max_age.unwrap_or(KEYS_DEFAULT_LIFETIME).max(KEYS_MIN_INTERVAL));
-                state.failed = false;
                 state.last_error = None;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot fetch Google's keys");
-                state.failed = true;
                 state.last_error = Some(e);
             }
         }

@@ -699,6 +699,17 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
+/// Percent-encodes everything but RFC 3986's unreserved characters (a query value, a form
+/// field), as the suites' small HTTP clients send them.
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// `%XX` decoding; `+` is a space, as in a form-encoded query.
 fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();

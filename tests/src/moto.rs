@@ -132,7 +132,7 @@ impl Moto {
         let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":"*"},"Action":"sts:AssumeRole"}]}"#;
         let body = format!(
             "Action=CreateRole&Version=2010-05-08&RoleName={role}&AssumeRolePolicyDocument={}",
-            percent(policy)
+            crate::cloud::percent_encode(policy)
         );
         self.unsigned("iam", &body);
     }
@@ -142,7 +142,7 @@ impl Moto {
     pub fn assume_role(&mut self, role: &str, session: &str) -> Session {
         let body = format!(
             "Action=AssumeRole&Version=2011-06-15&RoleArn={}&RoleSessionName={session}",
-            percent(&format!("arn:aws:iam::{ACCOUNT}:role/{role}"))
+            crate::cloud::percent_encode(&format!("arn:aws:iam::{ACCOUNT}:role/{role}"))
         );
         let answer = self.unsigned("sts", &body);
         let field = |name: &str| {
@@ -165,13 +165,4 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn percent(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

@@ -96,7 +96,7 @@ impl Prometheus {
 
     /// The result of instant query `expr` (the `data.result` array).
     pub fn query(&self, expr: &str) -> Vec<Value> {
-        let path = format!("/api/v1/query?query={}", percent(expr));
+        let path = format!("/api/v1/query?query={}", crate::cloud::percent_encode(expr));
         let (status, body) = self.get(&path).expect("prometheus answers");
         let answer: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
         assert_eq!(status, 200, "query {expr}: {body}");
@@ -156,13 +156,4 @@ impl Drop for Prometheus {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn percent(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
