@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use attestation::ca::{ClusterCa, Validity};
-use attestation::decision::{Decision, Outcome, Verdict};
+use attestation::decision::{Decision, Outcome};
 use attestation::envelope::RequestEnvelope;
 use attestation::machine::{CapiObject, ClusterView, Inventory, KubeadmConfigView, NodeView};
 use attestation::names::{GROUP_BOOTSTRAPPERS, usage};
@@ -374,39 +374,12 @@ fn load_ca(cert: &Path, key: &Path) -> Result<ClusterCa> {
 }
 
 fn render_text(report: &Report<'_>) -> String {
-    use std::fmt::Write;
     let decision = report.decision;
     let mut out = String::new();
     for assumption in &report.assumptions {
-        let _ = writeln!(out, "note: {assumption}");
+        out.push_str(&format!("note: {assumption}\n"));
     }
-    let _ = match &decision.outcome {
-        Outcome::Approved { reason, message } => writeln!(out, "Approved ({reason}): {message}"),
-        Outcome::Denied { reason, message } => writeln!(out, "Denied ({reason}): {message}"),
-        Outcome::Retry { message } => writeln!(out, "Retry (left pending): {message}"),
-        _ => writeln!(out, "{}", decision.outcome.name()),
-    };
-    let _ = writeln!(out, "rules:");
-    for rule in &decision.rules {
-        let (mark, text) = match &rule.verdict {
-            Verdict::Passed { note } => ("pass", note.clone()),
-            Verdict::Failed { reason, message } => ("FAIL", format!("{reason}: {message}")),
-            Verdict::Pending { message, .. } => ("wait", message.clone()),
-            Verdict::NotEvaluated { why } => ("skip", why.clone()),
-            _ => ("?", String::new()),
-        };
-        let _ = writeln!(out, "  {mark}  {:<18} {text}", rule.rule.as_str());
-    }
-    if let Some(claim) = &decision.claim {
-        let _ = writeln!(
-            out,
-            "claim to write on {:?} {}: {}={}",
-            claim.target.kind, claim.target.name, claim.annotation, claim.value
-        );
-    }
-    for (key, value) in &decision.annotations {
-        let _ = writeln!(out, "annotation to write on the CSR: {key}={value}");
-    }
+    out.push_str(&crate::render::decision(decision, "claim to write"));
     if let Some(pem) = &report.certificate {
         out.push_str(pem);
     }

@@ -5,7 +5,9 @@ mod check;
 mod cloud;
 mod controller;
 mod csr_object;
+mod explain;
 mod manifests;
+mod render;
 mod verifiers;
 
 use std::process::ExitCode;
@@ -26,6 +28,12 @@ enum Command {
     Check(Box<check::CheckArgs>),
     /// Run the controller: watch every opted-in Cluster's CSRs, decide, claim, approve, sign.
     Run(Box<controller::RunArgs>),
+    /// Why was this node denied? Read-only, against the live management cluster and (through
+    /// the Cluster's kubeconfig Secret) its workload cluster: the decision the signer would take
+    /// now with every rule's outcome, what is recorded on the CSR, the Machine, claim and Node it
+    /// was judged against, and the Events written; or, with --pending, every CSR still waiting
+    /// or refused. Exit 0 when explained, 2 when it could not be.
+    Explain(Box<explain::ExplainArgs>),
 }
 
 fn main() -> ExitCode {
@@ -33,6 +41,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Check(args) => check::run(args),
         Command::Run(args) => controller::run(args).map(|()| true),
+        Command::Explain(args) => explain::run(args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

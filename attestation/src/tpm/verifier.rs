@@ -54,14 +54,22 @@ pub struct TpmVerifier {
 /// needs it, so a signer whose namespace holds no Secret yet still serves `insecure/v1`
 /// clusters; until it is loaded, the verifier holds `tpm/v1` CSRs back
 /// ([`Verification::Pending`]) instead of judging them.
+///
+/// `explain` judges with the key [withheld](ChallengeKey::withheld): whoever holds the key can
+/// answer a challenge without the TPM, so a read-only tool must never read it.
 #[derive(Clone, Default)]
-pub struct ChallengeKey(Arc<OnceLock<Zeroizing<Vec<u8>>>>);
+pub struct ChallengeKey {
+    slot: Arc<OnceLock<Zeroizing<Vec<u8>>>>,
+    withheld: bool,
+}
 
 impl std::fmt::Debug for ChallengeKey {
     // The key is never printed.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.is_loaded() {
             "ChallengeKey(loaded)"
+        } else if self.withheld {
+            "ChallengeKey(withheld)"
         } else {
             "ChallengeKey(not loaded)"
         })
@@ -76,23 +84,33 @@ impl ChallengeKey {
         Ok(slot)
     }
 
+    /// No key, on purpose (`explain`): the verifier checks all it can without one (EK trust,
+    /// AK, quote, a challenge's age, CSR #2 against CSR #1) and says what only the signer can
+    /// check: whether a challenge annotation is the signer's, and CSR #2's answer.
+    pub fn withheld() -> Self {
+        Self {
+            slot: Arc::default(),
+            withheld: true,
+        }
+    }
+
     /// Sets the key; the first one set stays (every replica reads the same Secret).
     pub fn load(&self, key: Vec<u8>) -> Result<(), WeakChallengeKey> {
         let key = Zeroizing::new(key);
         if key.len() < MIN_CHALLENGE_KEY {
             return Err(WeakChallengeKey(key.len()));
         }
-        let _ = self.0.set(key);
+        let _ = self.slot.set(key);
         Ok(())
     }
 
     /// Whether the key is there.
     pub fn is_loaded(&self) -> bool {
-        self.0.get().is_some()
+        self.slot.get().is_some()
     }
 
     fn bytes(&self) -> Option<&[u8]> {
-        self.0.get().map(|k| k.as_slice())
+        self.slot.get().map(|k| k.as_slice())
     }
 }
 
@@ -148,6 +166,9 @@ impl TpmVerifier {
         self
     }
 }
+
+/// Said of a challenge read without the challenge key.
+const UNCHECKED_MAC: &str = " (its mac is the signer's to check: explain holds no challenge key)";
 
 /// A refusal: reason and message.
 type Refusal = (DenyReason, String);
@@ -251,7 +272,9 @@ impl TpmVerifier {
         })
     }
 
-    fn phase_one(&self, key: &[u8], evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    /// Phase 1 under the challenge key, or without it (`None`, explain): then nothing is issued
+    /// and a challenge on the CSR is read without checking its mac.
+    fn phase_one(&self, key: Option<&[u8]>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let attested = self.attest(evidence, data)?;
         if attested.quote.extra_data != sha256(&evidence.csr.spki_der) {
             return Err(invalid(
@@ -269,16 +292,24 @@ impl TpmVerifier {
         // under a key the requester does not have).
         if let Some(existing) = evidence.object.annotations.get(ANNOTATION_TPM_CHALLENGE) {
             let issued_at = self.live_challenge(key, &evidence.object.uid, existing, evidence.now)?;
+            let unchecked = if key.is_none() { UNCHECKED_MAC } else { "" };
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
                 note: note(&format!(
-                    "challenge issued {}, waiting for CSR #2 until {}",
+                    "challenge issued {}, waiting for CSR #2 until {}{unchecked}",
                     fmt_time(issued_at),
                     fmt_time(issued_at + self.challenge_ttl)
                 )),
                 ek_sha256: Some(attested.ek_sha256),
             });
         }
+        let Some(key) = key else {
+            return Ok(Verification::Challenge {
+                annotations: BTreeMap::new(),
+                note: note("no challenge on it yet: the signer issues one when it decides this CSR"),
+                ek_sha256: Some(attested.ek_sha256),
+            });
+        };
         let pending = self.pending_for(key, evidence);
         if pending >= MAX_PENDING_CHALLENGES {
             return Ok(Verification::Challenge {
@@ -311,7 +342,9 @@ impl TpmVerifier {
         })
     }
 
-    fn phase_two(&self, key: &[u8], evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    /// Phase 2 under the challenge key, or without it (`None`, explain): then everything but
+    /// the answer itself is checked, and the answer is left to the signer.
+    fn phase_two(&self, key: Option<&[u8]>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let Some(reference) = &data.challenge else {
             return Err(invalid("phase 2 names no CSR #1"));
         };
@@ -352,6 +385,17 @@ impl TpmVerifier {
         let issued_at = self.live_challenge(key, &first.uid, annotation, evidence.now)?;
 
         let attested = self.attest(evidence, data)?;
+        let Some(key) = key else {
+            return Ok(Verification::Pending {
+                message: format!(
+                    "tpm/v1 phase 2: {}, EK {}, answering the challenge CSR #1 {} was issued {}: only the signer, holding the challenge key, can check the answer (explain never reads it)",
+                    attested.trust,
+                    attested.ek_sha256,
+                    first.name,
+                    fmt_time(issued_at)
+                ),
+            });
+        };
         let secret = secret(key, evidence, &first.uid, &attested, issued_at);
         let expected = phase_two_extra_data(&evidence.csr.spki_der, secret.as_slice());
         if attested.quote.extra_data != expected {
@@ -388,7 +432,7 @@ impl TpmVerifier {
                 other
                     .annotations
                     .get(ANNOTATION_TPM_CHALLENGE)
-                    .is_some_and(|a| self.live_challenge(key, &other.uid, a, evidence.now).is_ok())
+                    .is_some_and(|a| self.live_challenge(Some(key), &other.uid, a, evidence.now).is_ok())
             })
             .filter(|other| {
                 RequestEnvelope::parse(&other.request)
@@ -399,18 +443,18 @@ impl TpmVerifier {
             .count()
     }
 
-    /// Reads the challenge annotation of CSR `csr_uid`, checks its mac is this signer's, and
-    /// returns its `issuedAt` when it is neither expired nor ahead.
+    /// Reads the challenge annotation of CSR `csr_uid`, checks its mac is this signer's (unless
+    /// the key is withheld), and returns its `issuedAt` when it is neither expired nor ahead.
     fn live_challenge(
         &self,
-        key: &[u8],
+        key: Option<&[u8]>,
         csr_uid: &str,
         annotation: &str,
         now: OffsetDateTime,
     ) -> Result<OffsetDateTime, Refusal> {
         let parsed: ChallengeAnnotation = serde_json::from_str(annotation)
             .map_err(|e| challenge_failed(format!("the challenge annotation is not this signer's: {e}")))?;
-        if !parsed.is_authentic(key, csr_uid) {
+        if key.is_some_and(|key| !parsed.is_authentic(key, csr_uid)) {
             return Err(challenge_failed(
                 "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
             ));
@@ -543,11 +587,15 @@ impl Verifier for TpmVerifier {
     }
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
-        let Some(key) = self.challenge_key.bytes() else {
-            return Verification::Pending {
-                message: "the signer has not loaded its tpm/v1 challenge key yet (see the signer's log and the Cluster's Events)"
-                    .into(),
-            };
+        let key = match self.challenge_key.bytes() {
+            Some(key) => Some(key),
+            None if self.challenge_key.withheld => None,
+            None => {
+                return Verification::Pending {
+                    message: "the signer has not loaded its tpm/v1 challenge key yet (see the signer's log and the Cluster's Events)"
+                        .into(),
+                };
+            }
         };
         let outcome = match evidence.data {
             None => Err(invalid("tpm/v1 needs an ATTESTATION DATA block")),

@@ -24,7 +24,24 @@ const IDLE_HTTP1_CONNECTIONS: usize = 8;
 
 /// A client for `config`: HTTP/2 when the apiserver negotiates it, HTTP/1.1 otherwise.
 pub fn build(config: Config) -> Result<Client, kube::Error> {
+    build_with(config, false)
+}
+
+/// A client that sends only `GET`s (gets, lists, watches): any other request is refused before
+/// it leaves the process. `explain` runs on production clusters with this, so its promise to
+/// write nothing does not rest on every code path remembering it.
+pub fn build_read_only(config: Config) -> Result<Client, kube::Error> {
+    build_with(config, true)
+}
+
+fn build_with(config: Config, read_only: bool) -> Result<Client, kube::Error> {
     if config.proxy_url.is_some() {
+        if read_only {
+            // kube's own client (which knows proxies) has no room for the guard.
+            return Err(kube::Error::Service(
+                "a kubeconfig naming a proxy is not supported by a read-only client".into(),
+            ));
+        }
         return Client::try_from(config);
     }
     if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -55,10 +72,84 @@ pub fn build(config: Config) -> Result<Client, kube::Error> {
             .http2_keep_alive_while_idle(true)
             .build(https);
     let service = ServiceBuilder::new()
+        .option_layer(read_only.then_some(GetOnlyLayer))
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
         .service(transport);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// Lets only `GET` requests through ([`build_read_only`]).
+#[derive(Debug, Clone, Copy)]
+struct GetOnlyLayer;
+
+impl<S> tower::Layer<S> for GetOnlyLayer {
+    type Service = GetOnly<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GetOnly(inner)
+    }
+}
+
+/// The service [`GetOnlyLayer`] wraps around the transport.
+#[derive(Debug, Clone)]
+pub struct GetOnly<S>(S);
+
+impl<S, B> tower::Service<hyper::http::Request<B>> for GetOnly<S>
+where
+    S: tower::Service<hyper::http::Request<B>>,
+    S::Error: Into<tower::BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = tower::BoxError;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<S::Response, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: hyper::http::Request<B>) -> Self::Future {
+        if request.method() != hyper::http::Method::GET {
+            let refused = format!(
+                "read-only client: refused {} {} before sending it",
+                request.method(),
+                request.uri().path()
+            );
+            return Box::pin(async move { Err(refused.into()) });
+        }
+        let answer = self.0.call(request);
+        Box::pin(async move { answer.await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tower::{Service, ServiceExt};
+
+    #[tokio::test]
+    async fn the_read_only_guard_sends_gets_and_refuses_every_other_method() {
+        let transport = tower::service_fn(|_request: hyper::http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>("sent")
+        });
+        let mut guarded = tower::Layer::layer(&GetOnlyLayer, transport);
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            let request = hyper::http::Request::builder()
+                .method(method)
+                .uri("/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m")
+                .body(())
+                .unwrap();
+            let answer = guarded.ready().await.unwrap().call(request).await;
+            match method {
+                "GET" => assert_eq!(answer.unwrap(), "sent"),
+                _ => assert!(
+                    answer.unwrap_err().to_string().contains(&format!("refused {method} /apis/")),
+                    "{method} must be refused"
+                ),
+            }
+        }
+    }
 }

@@ -169,7 +169,7 @@ impl Backoff {
 }
 
 /// Which served version of a group the signer reads.
-async fn served(client: &Client, group: &str, kind: &str, plural: &str) -> Option<ApiResource> {
+pub(crate) async fn served(client: &Client, group: &str, kind: &str, plural: &str) -> Option<ApiResource> {
     for version in ["v1beta2", "v1beta1"] {
         let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);

@@ -174,7 +174,14 @@ fn identity(replica: &str) -> String {
 }
 
 async fn management_client(args: &RunArgs) -> Result<Client> {
-    let config = match &args.kubeconfig {
+    let config = management_config(args.kubeconfig.as_deref()).await?;
+    client::build(config).context("cannot build the management client")
+}
+
+/// The management cluster's client configuration: `kubeconfig`, else in-cluster, else
+/// `~/.kube/config`.
+pub(crate) async fn management_config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read the management kubeconfig {}", path.display()))?;
@@ -185,8 +192,7 @@ async fn management_client(args: &RunArgs) -> Result<Client> {
         None => kube::Config::infer()
             .await
             .context("no management cluster: not in a Pod and no kubeconfig (use --kubeconfig)")?,
-    };
-    client::build(config).context("cannot build the management client")
+    })
 }
 
 /// SIGTERM (what the kubelet sends) or SIGINT.

@@ -1,0 +1,295 @@
+//! `node-attestation-signer explain`: why a node was, or would be, approved, denied or kept
+//! waiting, asked of the live clusters and safe on production: it only reads.
+//!
+//! - [`gather`]: the reads, through clients that can send nothing but `GET`s: the Cluster and
+//!   its Cluster API objects and Events in the management cluster, and (through the Cluster's
+//!   kubeconfig Secret, or `--workload-kubeconfig`) the workload cluster's CSRs and Nodes.
+//! - [`report`]: the pure part: which CSR a question is about, what is recorded on it, what it
+//!   was judged against, for people or as JSON.
+//!
+//! The decision is the rule engine's, on the same views and verifiers the controller uses, with
+//! the CSR's creation as its first sight. The `tpm/v1` challenge key is never read (whoever
+//! holds it can answer a challenge without the TPM): explain checks all a challenge can be
+//! checked for without it, and says what only the signer can check.
+
+pub mod gather;
+pub mod report;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use attestation::attestor::Verifiers;
+use attestation::decision::Decision;
+use attestation::tpm::verifier::ChallengeKey;
+use attestation::{Clock, Inputs};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use time::OffsetDateTime;
+
+use crate::check::OutputFormat;
+use crate::csr_object::csr_object;
+use gather::{ClusterFacts, ManagementReader, WorkloadFacts, WorkloadReader};
+use report::{Explanation, ListedCsr};
+
+/// Arguments of `explain`.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("question").required(true).args(["csr", "node", "pending"])))]
+pub struct ExplainArgs {
+    /// The CSR (its name in the workload cluster).
+    pub csr: Option<String>,
+    /// The node instead: its newest CSR (a request for `system:node:<node>`, or filed by it).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Every CSR of the Cluster still pending, or denied or failed, with its reason.
+    #[arg(long)]
+    pub pending: bool,
+    /// The Cluster, `<namespace>/<name>`.
+    #[arg(long, required_unless_present = "provider_id")]
+    pub cluster: Option<String>,
+    /// Find the Cluster by the Machine or MachinePool carrying this provider ID (as
+    /// `kubelet-authenticator status` prints it).
+    #[arg(long, conflicts_with = "cluster")]
+    pub provider_id: Option<String>,
+    /// With `--provider-id`: search this namespace only.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Kubeconfig of the management cluster (default: in-cluster, then `~/.kube/config`).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// A kubeconfig for the workload cluster, instead of reading the Cluster's
+    /// `<cluster>-kubeconfig` Secret (explain then reads no Secret at all).
+    #[arg(long)]
+    pub workload_kubeconfig: Option<PathBuf>,
+    /// Output: for people, or JSON.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Make no call to Google or STS: a decision that needs one stays `Retry` and says which.
+    #[arg(long)]
+    pub offline: bool,
+    /// Timeout of each request.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: std::time::Duration,
+    /// The signer's `--csr-max-age` (pass what it runs with).
+    #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
+    pub csr_max_age: std::time::Duration,
+    /// The signer's `--tpm-ek-ca-bundle`.
+    #[arg(long)]
+    pub tpm_ek_ca_bundle: Option<PathBuf>,
+    /// The signer's `--tpm-trust-on-first-use`.
+    #[arg(long)]
+    pub tpm_trust_on_first_use: bool,
+    /// The signer's `--tpm-challenge-ttl`.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tpm_challenge_ttl: std::time::Duration,
+    /// The signer's cloud flags.
+    #[command(flatten)]
+    pub cloud: crate::cloud::CloudArgs,
+}
+
+/// Runs `explain`. Ok whatever the decision; an Err when a cluster cannot be read or the CSR
+/// or node is not there.
+pub fn run(args: &ExplainArgs) -> Result<()> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(explain(args))
+}
+
+/// What every decision of one run shares.
+struct Judge {
+    verifiers: Verifiers,
+    cloud: crate::cloud::Cloud,
+    offline: bool,
+    max_age: time::Duration,
+    now: OffsetDateTime,
+}
+
+impl Judge {
+    /// The rule engine's decision on `csr` now, with the cloud calls it asks for made (unless
+    /// `--offline`).
+    async fn decide(&self, csr: &CertificateSigningRequest, facts: &ClusterFacts, workload: &WorkloadFacts) -> Result<Decision> {
+        let object = csr_object(csr);
+        let related: Vec<attestation::CsrObject> = workload.csrs.iter().map(csr_object).collect();
+        let inputs = Inputs {
+            csr: &object,
+            cluster: &facts.cluster,
+            inventory: &facts.inventory,
+            nodes: &workload.nodes,
+            csrs: &related,
+            verifiers: &self.verifiers,
+            clock: Clock {
+                now: self.now,
+                first_seen: object.created.unwrap_or(self.now),
+                max_age: self.max_age,
+            },
+        };
+        let decision = attestation::decide(&inputs)
+            .with_context(|| format!("CSR {} is not for a signer node-attestation-signer handles", object.name))?;
+        if decision.cloud_calls.is_empty() || self.offline {
+            return Ok(decision);
+        }
+        self.cloud.make(&decision.cloud_calls).await;
+        Ok(attestation::decide(&inputs)?)
+    }
+}
+
+async fn explain(args: &ExplainArgs) -> Result<()> {
+    let management = ManagementReader::connect(args.kubeconfig.as_deref(), args.request_timeout).await?;
+    let (namespace, name) = match (&args.cluster, &args.provider_id) {
+        (Some(cluster), _) => cluster
+            .split_once('/')
+            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+            .with_context(|| format!("--cluster {cluster:?}: expected <namespace>/<name>"))?,
+        (None, Some(provider_id)) => {
+            management
+                .cluster_of_provider_id(provider_id, args.namespace.as_deref())
+                .await?
+        }
+        (None, None) => bail!("name the Cluster: --cluster <namespace>/<name> or --provider-id <id>"),
+    };
+    let facts = management.cluster(&namespace, &name).await?;
+    let mut notes: Vec<String> = facts
+        .unreadable
+        .iter()
+        .map(|why| format!("ignored, as the signer does: {why}"))
+        .collect();
+    if !facts.cluster.opted_in {
+        notes.push(format!(
+            "Cluster {namespace}/{name} is not opted in ({}: \"true\" is missing): the signer ignores its CSRs",
+            attestation::names::ANNOTATION_OPT_IN
+        ));
+    }
+    let workload = match &args.workload_kubeconfig {
+        Some(path) => {
+            let bytes = zeroize::Zeroizing::new(
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+            );
+            WorkloadReader::connect(&bytes, &path.display().to_string(), args.request_timeout).await?
+        }
+        None => {
+            let bytes = management.workload_kubeconfig(&facts.cluster).await?;
+            let what = format!("Secret {namespace}/{name}-kubeconfig");
+            WorkloadReader::connect(&bytes, &what, args.request_timeout).await?
+        }
+    };
+    let workload = workload.facts().await?;
+    let cloud = crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?;
+    let judge = Judge {
+        verifiers: crate::verifiers::all(
+            ChallengeKey::withheld(),
+            &crate::verifiers::TpmSettings {
+                ek_ca_bundle: args.tpm_ek_ca_bundle.as_deref(),
+                trust_on_first_use: args.tpm_trust_on_first_use,
+                challenge_ttl: args.tpm_challenge_ttl,
+            },
+            &args.cloud,
+            cloud.google.clone(),
+            cloud.sts.clone(),
+        )?,
+        cloud,
+        offline: args.offline,
+        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
+        now: OffsetDateTime::now_utc(),
+    };
+    let cluster_key = format!("{namespace}/{name}");
+
+    if args.pending {
+        let listed = pending(&judge, &facts, &workload).await?;
+        match args.output {
+            OutputFormat::Json => println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"cluster": cluster_key, "csrs": listed, "notes": notes}))?
+            ),
+            OutputFormat::Text => {
+                print!("{}", report::render_pending(&cluster_key, &listed));
+                for note in &notes {
+                    println!("note: {note}");
+                }
+            }
+        }
+        return Ok(());
+    }
+
+    let csr = match (&args.csr, &args.node) {
+        (Some(csr_name), _) => workload
+            .csrs
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(csr_name.as_str()))
+            .with_context(|| format!("there is no CSR {csr_name:?} in the workload cluster of {cluster_key}"))?,
+        (None, Some(node)) => report::newest_for_node(&workload.csrs, node).with_context(|| {
+            format!("no CSR of the workload cluster of {cluster_key} asks for node {node:?} or was filed by it")
+        })?,
+        (None, None) => bail!("name a CSR, or give --node or --pending"),
+    };
+    let decision = judge.decide(csr, &facts, &workload).await?;
+    if !decision.cloud_calls.is_empty() {
+        notes.push("--offline: the decision waits for a call to Google or STS that was not made".into());
+    }
+    if csr.spec.signer_name == attestation::names::SIGNER_TPM {
+        notes.push(
+            "explain never reads the tpm/v1 challenge key: whether a challenge annotation is the signer's, and CSR #2's answer, are the signer's to check"
+                .into(),
+        );
+    }
+    let summary = report::summary(csr, judge.now);
+    let machine = report::judged_machine(&decision, &summary.requested, &facts.inventory, csr, &workload.csrs);
+    let node = report::node_line(&summary.requested, &workload.nodes);
+    let events = report::events_about(&facts.events, &summary.name, machine.as_ref());
+    let mut other_csrs = Vec::new();
+    if let Some(node_name) = &summary.requested.node {
+        for other in workload.csrs.iter().filter(|c| c.metadata.uid != csr.metadata.uid) {
+            let other_summary = report::summary(other, judge.now);
+            if other_summary.requested.node.as_deref() == Some(node_name.as_str()) {
+                other_csrs.push(ListedCsr {
+                    csr: other_summary,
+                    recorded: report::recorded(other),
+                    now: None,
+                    now_reason: None,
+                    now_message: None,
+                });
+            }
+        }
+        other_csrs.sort_by(|a, b| a.csr.filed.cmp(&b.csr.filed));
+    }
+    let explanation = Explanation {
+        cluster: cluster_key,
+        recorded: report::recorded(csr),
+        csr: summary,
+        now: &decision,
+        machine,
+        node,
+        events,
+        other_csrs,
+        notes,
+    };
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+        OutputFormat::Text => print!("{}", report::render_explanation(&explanation)),
+    }
+    Ok(())
+}
+
+/// Every CSR `--pending` lists, oldest first; those still waiting decided now.
+async fn pending(judge: &Judge, facts: &ClusterFacts, workload: &WorkloadFacts) -> Result<Vec<ListedCsr>> {
+    let mut listed = Vec::new();
+    for csr in workload.csrs.iter().filter(|c| report::is_listed(c)) {
+        let recorded = report::recorded(csr);
+        let (now, now_reason, now_message) = if matches!(recorded.state.as_str(), "Pending" | "Approved") {
+            let decision = judge.decide(csr, facts, workload).await?;
+            let (outcome, reason, message) = report::outcome_parts(&decision);
+            (Some(outcome), reason, Some(message))
+        } else {
+            (None, None, None)
+        };
+        listed.push(ListedCsr {
+            csr: report::summary(csr, judge.now),
+            recorded,
+            now,
+            now_reason,
+            now_message,
+        });
+    }
+    listed.sort_by(|a, b| (&a.csr.filed, &a.csr.name).cmp(&(&b.csr.filed, &b.csr.name)));
+    Ok(listed)
+}
