@@ -58,6 +58,13 @@ impl World {
             .with_trust_on_first_use(self.trust_on_first_use)
     }
 
+    /// The same verifier without the challenge key, as `explain` runs it.
+    pub fn verifier_without_key(&self) -> TpmVerifier {
+        TpmVerifier::with_challenge_key(attestation::tpm::verifier::ChallengeKey::withheld())
+            .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
+            .with_trust_on_first_use(self.trust_on_first_use)
+    }
+
     /// A CSR object filed by worker-0's join token.
     pub fn object(&mut self, envelope: &RequestEnvelope) -> CsrObject {
         self.serial += 1;
@@ -75,6 +82,12 @@ impl World {
     }
 
     pub fn decide(&self, csr: &CsrObject) -> Decision {
+        self.decide_with(csr, self.verifier())
+    }
+
+    /// The decision of a signer configured as `verifier` (explain's, with the challenge key
+    /// withheld, for one).
+    pub fn decide_with(&self, csr: &CsrObject, verifier: TpmVerifier) -> Decision {
         let cluster = ClusterView::from_object(&capi::cluster("tpm")).unwrap();
         let inventory = Inventory {
             machines: self
@@ -93,7 +106,7 @@ impl World {
                 .collect(),
             ..Inventory::default()
         };
-        let verifiers = attestation::attestor::Verifiers::new().with(self.verifier());
+        let verifiers = attestation::attestor::Verifiers::new().with(verifier);
         let nodes: Vec<attestation::machine::NodeView> = Vec::new();
         decide(&Inputs {
             csr,

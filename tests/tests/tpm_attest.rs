@@ -450,3 +450,55 @@ fn an_ecc_ek_joins_through_ecdh_secret_sharing() {
         "the TPM activated the ECDH credential: {decision:#?}"
     );
 }
+
+#[test]
+#[ignore = "needs swtpm"]
+fn without_the_challenge_key_explain_checks_all_else_and_leaves_the_answer_to_the_signer() {
+    let tpm = Swtpm::start("tpm_attest_withheld");
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti).unwrap();
+    let k = key();
+    let note = |decision: &Decision| format!("{:?}", decision.rules.last().unwrap().verdict);
+
+    // CSR #1 not yet challenged: it would be, and nothing is written.
+    let (fresh, _) = world.phase_one(&mut node, &k);
+    let decision = world.decide_with(&fresh, world.verifier_without_key());
+    assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
+    assert!(decision.annotations.is_empty(), "explain writes no challenge: {decision:#?}");
+    assert!(note(&decision).contains("no challenge on it yet"), "{}", note(&decision));
+
+    // Challenged by the signer: waiting for CSR #2, the mac left to the signer.
+    let first = world.challenged(&mut node, &k);
+    let decision = world.decide_with(&first, world.verifier_without_key());
+    assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
+    assert!(decision.annotations.is_empty());
+    assert!(note(&decision).contains("waiting for CSR #2 until"), "{}", note(&decision));
+    assert!(note(&decision).contains("explain holds no challenge key"), "{}", note(&decision));
+
+    // An expired challenge is refused without the key, as with it.
+    let mut later = World::new();
+    later.csrs = world.csrs.clone();
+    later.now = world.now + Duration::minutes(11);
+    denied(
+        &later.decide_with(&first, later.verifier_without_key()),
+        DenyReason::ChallengeFailed,
+        "expired challenge, key withheld",
+    );
+
+    // CSR #2: everything but the answer is checked; the answer is the signer's.
+    let (second, with_key) = world.phase_two(&mut node, &k, &first);
+    assert!(matches!(with_key.outcome, Outcome::Approved { .. }), "{with_key:#?}");
+    let decision = world.decide_with(&second, world.verifier_without_key());
+    match &decision.outcome {
+        Outcome::Retry { message } => assert!(message.contains("only the signer"), "{message}"),
+        other => panic!("CSR #2 without the key: {other:?}"),
+    }
+    assert!(decision.claim.is_none() && decision.issuance.is_none());
+
+    // A CSR #2 for another key is refused without the key too (it is not CSR #1 again).
+    let (other_key_second, _) = world.phase_two(&mut node, &key(), &first);
+    assert!(matches!(
+        world.decide_with(&other_key_second, world.verifier_without_key()).outcome,
+        Outcome::Denied { .. }
+    ));
+}
