@@ -32,6 +32,9 @@ use crate::secret_file::write_private;
 pub const CURRENT: &str = "kubelet-client-current.pem";
 /// The last failure, for `status` (no secrets in it).
 pub const LAST_ERROR: &str = "kubelet-authenticator-last-error";
+/// The last denial, kept after a certificate is issued (the backoff record is not): `status`
+/// names it, and the `explain` command that tells why.
+pub const LAST_DENIAL: &str = "kubelet-authenticator-last-denial";
 /// The lock serialising concurrent invocations.
 pub const LOCK: &str = "kubelet-authenticator.lock";
 /// The SHA-256 of the certificates this plugin stored (no secrets in it).
@@ -348,8 +351,22 @@ impl CertDir {
     /// The backoff record ([`crate::backoff`]): `Ok(None)` when there is none, `Err(why)` when
     /// the file is unreadable or not a record (the caller treats it as absent and says so).
     pub fn backoff(&self) -> Result<Option<Backoff>, String> {
+        self.denial_record(crate::backoff::FILE)
+    }
+
+    /// The last denial ([`LAST_DENIAL`], a backoff record), as [`CertDir::backoff`] reads it.
+    pub fn last_denial(&self) -> Result<Option<Backoff>, String> {
+        self.denial_record(LAST_DENIAL)
+    }
+
+    /// Writes the last denial (0600, atomic).
+    pub fn store_last_denial(&self, denial: &Backoff) -> Result<()> {
+        write_private(&self.path(LAST_DENIAL), denial.to_json().as_bytes())
+    }
+
+    fn denial_record(&self, name: &str) -> Result<Option<Backoff>, String> {
         use std::io::Read;
-        let path = self.path(crate::backoff::FILE);
+        let path = self.path(name);
         let file = match std::fs::File::open(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             other => other.map_err(|e| format!("cannot read {}: {e}", path.display()))?,

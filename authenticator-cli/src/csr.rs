@@ -69,6 +69,16 @@ impl AttestorName {
         }
     }
 
+    /// The PROVIDER block this attestor writes (`tpm/v1`, ...).
+    pub fn provider_version(self) -> &'static str {
+        match self {
+            Self::Insecure => "insecure/v1",
+            Self::Tpm => "tpm/v1",
+            Self::Gcp => "gcp/v1",
+            Self::Aws => "aws/v1",
+        }
+    }
+
     /// The client signer name this attestor's CSRs go to.
     pub fn signer_name(self) -> &'static str {
         match self {

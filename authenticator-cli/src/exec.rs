@@ -242,7 +242,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
             // file nothing more often than the timeout allows and leave it as it is.
             let retry_at = error.downcast_ref::<Refused>().map(|refused| {
                 let next = Backoff::after(backoff.as_ref(), &request, refused, now, jitter());
-                if let Err(e) = dir.store_backoff(&next) {
+                if let Err(e) = dir.store_backoff(&next).and_then(|()| dir.store_last_denial(&next)) {
                     eprintln!("kubelet-authenticator: cannot record the backoff: {e:#}");
                 }
                 next.retry_at

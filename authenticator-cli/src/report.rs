@@ -20,6 +20,7 @@ pub fn status(args: &ExecArgs) -> Result<String> {
     let mut out = String::new();
     let _ = writeln!(out, "cert dir:      {}", args.cert_dir.display());
     let _ = writeln!(out, "node:          {}", node.username());
+    let _ = writeln!(out, "attestor:      {}", args.attestor.provider_version());
     let _ = writeln!(out, "signer:        {}", args.signer());
     let backoff = dir.backoff();
     let request = provider_id.as_ref().map(|p| args.request_key(&node, p));
@@ -27,7 +28,14 @@ pub fn status(args: &ExecArgs) -> Result<String> {
         (Ok(Some(record)), Some(request)) => Some(record.hold(request, now)),
         _ => None,
     };
-    match dir.current(&node, provider_id.as_ref(), now) {
+    let current = dir.current(&node, provider_id.as_ref(), now);
+    // The signer backdates notBefore by 5 minutes: a certificate issued at or after `at`
+    // starts no earlier than 5 minutes before it.
+    let issued_since = |at: OffsetDateTime| match &current {
+        Cached::Usable(c) => c.not_before >= at - time::Duration::minutes(5),
+        _ => false,
+    };
+    match &current {
         Cached::Missing => {
             let next = match hold {
                 Some(Hold::Until(_)) => "a CSR is filed when the backoff ends",
@@ -116,7 +124,64 @@ pub fn status(args: &ExecArgs) -> Result<String> {
         dir.last_error()
             .map_or_else(|| "none".to_owned(), |e| e.trim().to_owned())
     );
+    let last_denial = dir.last_denial();
+    match &last_denial {
+        Ok(None) => {
+            let _ = writeln!(out, "last denial:   none");
+        }
+        Err(why) => {
+            let _ = writeln!(out, "last denial:   ignored, not a record: {why}");
+        }
+        Ok(Some(denial)) => {
+            let since = if issued_since(denial.denied_at) {
+                " (a certificate was issued since)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "last denial:   {}{since}: CSR {} {} ({}): {}",
+                backoff::rfc3339(denial.denied_at),
+                backoff::printable(&denial.csr),
+                backoff::printable(&denial.condition),
+                backoff::printable(&denial.reason),
+                backoff::printable(&denial.message)
+            );
+        }
+    }
+    // The question a person asks next, asked from the management side.
+    let locate = match &provider_id {
+        Some(id) => format!("--provider-id {}", shell_word(id.as_str())),
+        None => "--cluster <namespace>/<cluster>".to_owned(),
+    };
+    let _ = writeln!(
+        out,
+        "explain:       node-attestation-signer explain {locate} --node {}",
+        shell_word(node.as_str())
+    );
+    if let Ok(Some(denial)) = &last_denial
+        && !denial.csr.is_empty()
+    {
+        let _ = writeln!(
+            out,
+            "               node-attestation-signer explain {locate} {}",
+            shell_word(&denial.csr)
+        );
+    }
     Ok(out)
+}
+
+/// `word` as one shell word: as it is when it is plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@%+=,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", backoff::printable(word).replace('\'', "'\\''"))
+    }
 }
 
 /// Arguments of `kubeconfig`.
@@ -486,5 +551,16 @@ mod tests {
             kubeconfig(&both.kubeconfig, &both.exec).is_err(),
             "no --server and no bootstrap kubeconfig"
         );
+    }
+
+    #[test]
+    fn words_a_shell_would_split_or_expand_are_quoted() {
+        assert_eq!(shell_word("aws:///us-east-1a/i-0abc"), "aws:///us-east-1a/i-0abc");
+        assert_eq!(shell_word("gce://p/z/worker-0"), "gce://p/z/worker-0");
+        assert_eq!(shell_word("node-csr-abc"), "node-csr-abc");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("$(reboot)"), "'$(reboot)'");
+        assert_eq!(shell_word("it's"), "'it'\\''s'");
+        assert_eq!(shell_word(""), "''");
     }
 }

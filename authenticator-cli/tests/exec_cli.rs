@@ -393,6 +393,20 @@ fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again
         text.contains("backoff:       1 denial in a row") && text.contains("next CSR:      not before"),
         "{text}"
     );
+    // status names the attestor, the denial, and what to ask the management side.
+    assert!(text.contains("attestor:      insecure/v1"), "{text}");
+    assert!(
+        text.contains("last denial:   ") && text.contains("CSR node-csr-fake-0 Denied (MachineAlreadyClaimed)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("node-attestation-signer explain --provider-id {PID} --node worker-0")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("node-attestation-signer explain --provider-id {PID} node-csr-fake-0")),
+        "{text}"
+    );
 
     // The delay passes (the record says so): one CSR, denied again, twice the delay.
     end_backoff(&cert_dir);
@@ -440,6 +454,14 @@ fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again
             .contains("BEGIN CERTIFICATE")
     );
     assert!(!cert_dir.join("kubelet-authenticator-backoff").exists());
+    // The last denial outlives the backoff, and status says it is behind the node now.
+    let status = plugin(&api.kubeconfig, &cert_dir, &["status"], None);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("backoff:       none"), "{text}");
+    assert!(
+        text.contains("(a certificate was issued since): CSR node-csr-fake-"),
+        "{text}"
+    );
     assert!(
         api.filed().iter().all(|f| f.bootstrap_token),
         "no certificate yet: every CSR was a bootstrap"
