@@ -400,11 +400,15 @@ fn a_denial_backs_off_files_nothing_while_it_lasts_and_doubles_when_denied_again
         "{text}"
     );
     assert!(
-        text.contains(&format!("node-attestation-signer explain --provider-id {PID} --node worker-0")),
+        text.contains(&format!(
+            "node-attestation-signer explain --provider-id {PID} --node worker-0"
+        )),
         "{text}"
     );
     assert!(
-        text.contains(&format!("node-attestation-signer explain --provider-id {PID} node-csr-fake-0")),
+        text.contains(&format!(
+            "node-attestation-signer explain --provider-id {PID} node-csr-fake-0"
+        )),
         "{text}"
     );
 

@@ -147,16 +147,37 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
 
     // A join, a hijack of the joined Machine's identity, and a CSR for a Machine not there yet.
     let worker0 = RequestSpec::kubelet("worker-0", &pid("worker-0"));
-    file_csr(&w.bootstrap, "join-worker-0", SIGNER_INSECURE, &worker0.build(), CLIENT_USAGES).await;
+    file_csr(
+        &w.bootstrap,
+        "join-worker-0",
+        SIGNER_INSECURE,
+        &worker0.build(),
+        CLIENT_USAGES,
+    )
+    .await;
     let join = wait_final(&w.admin, "join-worker-0", false, WAIT).await;
     assert!(matches!(join, Final::Issued(_)), "{join:?}\n{}", signer.log());
     // In a later second than the join: creationTimestamp has whole seconds.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    file_csr(&w.bootstrap, "hijack-worker-0", SIGNER_INSECURE, &worker0.build(), CLIENT_USAGES).await;
+    file_csr(
+        &w.bootstrap,
+        "hijack-worker-0",
+        SIGNER_INSECURE,
+        &worker0.build(),
+        CLIENT_USAGES,
+    )
+    .await;
     let hijack = wait_final(&w.admin, "hijack-worker-0", false, WAIT).await;
     assert_eq!(hijack.reason(), Some("MachineAlreadyClaimed"), "{hijack:?}");
     let later = RequestSpec::kubelet("worker-9", &pid("worker-9"));
-    file_csr(&w.bootstrap, "join-worker-9", SIGNER_INSECURE, &later.build(), CLIENT_USAGES).await;
+    file_csr(
+        &w.bootstrap,
+        "join-worker-9",
+        SIGNER_INSECURE,
+        &later.build(),
+        CLIENT_USAGES,
+    )
+    .await;
     wait_event(&w, "CSRDenied", "hijack-worker-0", &signer).await;
     // The signer has looked at worker-9's CSR and left it pending.
     let mut retried = false;
@@ -200,7 +221,10 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
                 assert_eq!(report["recorded"]["reason"].as_str().map(str::to_owned), reason);
             }
         }
-        assert!(report["now"]["rules"].as_array().unwrap().len() > 5, "every rule: {report:#}");
+        assert!(
+            report["now"]["rules"].as_array().unwrap().len() > 5,
+            "every rule: {report:#}"
+        );
         assert_eq!(report["machine"]["name"], format!("{}/worker-0", w.namespace));
         assert_eq!(report["machine"]["claim"]["state"], "valid", "{report:#}");
         assert_eq!(report["machine"]["claim"]["nodeName"], "worker-0");
@@ -214,7 +238,10 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
             .any(|e| e["reason"] == "CSRDenied" && e["note"].as_str().unwrap().contains("hijack-worker-0")),
         "the signer's Event: {hijack_report:#}"
     );
-    assert!(events.iter().any(|e| e["reason"] == "CertificateIssued"), "{hijack_report:#}");
+    assert!(
+        events.iter().any(|e| e["reason"] == "CertificateIssued"),
+        "{hijack_report:#}"
+    );
     assert_eq!(hijack_report["otherCSRs"][0]["name"], "join-worker-0");
 
     // The pending one: the signer left it pending, explain says Retry and why.
@@ -334,7 +361,14 @@ async fn a_challenged_tpm_csr_is_explained_as_waiting_for_its_answer_without_the
     let key = tpm_world::key();
     let mut attestor = TpmAttestor::new(&tpm.tcti).unwrap();
     let envelope = build_envelope(&tpm_world::params(), &key, &mut attestor, None).unwrap();
-    file_csr(&w.bootstrap, "tpm-worker-0", SIGNER_TPM, envelope.encode().as_bytes(), CLIENT_USAGES).await;
+    file_csr(
+        &w.bootstrap,
+        "tpm-worker-0",
+        SIGNER_TPM,
+        envelope.encode().as_bytes(),
+        CLIENT_USAGES,
+    )
+    .await;
     let csrs: Api<CertificateSigningRequest> = Api::all(w.admin.clone());
     let mut challenged = false;
     for _ in 0..150 {

@@ -464,16 +464,31 @@ fn without_the_challenge_key_explain_checks_all_else_and_leaves_the_answer_to_th
     let (fresh, _) = world.phase_one(&mut node, &k);
     let decision = world.decide_with(&fresh, world.verifier_without_key());
     assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
-    assert!(decision.annotations.is_empty(), "explain writes no challenge: {decision:#?}");
-    assert!(note(&decision).contains("no challenge on it yet"), "{}", note(&decision));
+    assert!(
+        decision.annotations.is_empty(),
+        "explain writes no challenge: {decision:#?}"
+    );
+    assert!(
+        note(&decision).contains("no challenge on it yet"),
+        "{}",
+        note(&decision)
+    );
 
     // Challenged by the signer: waiting for CSR #2, the mac left to the signer.
     let first = world.challenged(&mut node, &k);
     let decision = world.decide_with(&first, world.verifier_without_key());
     assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
     assert!(decision.annotations.is_empty());
-    assert!(note(&decision).contains("waiting for CSR #2 until"), "{}", note(&decision));
-    assert!(note(&decision).contains("explain holds no challenge key"), "{}", note(&decision));
+    assert!(
+        note(&decision).contains("waiting for CSR #2 until"),
+        "{}",
+        note(&decision)
+    );
+    assert!(
+        note(&decision).contains("explain holds no challenge key"),
+        "{}",
+        note(&decision)
+    );
 
     // An expired challenge is refused without the key, as with it.
     let mut later = World::new();
@@ -498,7 +513,9 @@ fn without_the_challenge_key_explain_checks_all_else_and_leaves_the_answer_to_th
     // A CSR #2 for another key is refused without the key too (it is not CSR #1 again).
     let (other_key_second, _) = world.phase_two(&mut node, &key(), &first);
     assert!(matches!(
-        world.decide_with(&other_key_second, world.verifier_without_key()).outcome,
+        world
+            .decide_with(&other_key_second, world.verifier_without_key())
+            .outcome,
         Outcome::Denied { .. }
     ));
 }

@@ -132,9 +132,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_read_only_guard_sends_gets_and_refuses_every_other_method() {
-        let transport = tower::service_fn(|_request: hyper::http::Request<()>| async {
-            Ok::<_, std::convert::Infallible>("sent")
-        });
+        let transport =
+            tower::service_fn(|_request: hyper::http::Request<()>| async { Ok::<_, std::convert::Infallible>("sent") });
         let mut guarded = tower::Layer::layer(&GetOnlyLayer, transport);
         for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
             let request = hyper::http::Request::builder()
@@ -146,7 +145,10 @@ mod tests {
             match method {
                 "GET" => assert_eq!(answer.unwrap(), "sent"),
                 _ => assert!(
-                    answer.unwrap_err().to_string().contains(&format!("refused {method} /apis/")),
+                    answer
+                        .unwrap_err()
+                        .to_string()
+                        .contains(&format!("refused {method} /apis/")),
                     "{method} must be refused"
                 ),
             }

@@ -100,7 +100,11 @@ pub struct ClusterFacts {
     pub events: Vec<EventLine>,
 }
 
-fn views<V>(objects: &[DynamicObject], view: fn(&Value) -> Result<V, ObjectError>, unreadable: &mut Vec<String>) -> Vec<V> {
+fn views<V>(
+    objects: &[DynamicObject],
+    view: fn(&Value) -> Result<V, ObjectError>,
+    unreadable: &mut Vec<String>,
+) -> Vec<V> {
     objects
         .iter()
         .filter_map(|object| {
@@ -211,7 +215,8 @@ impl ManagementReader {
             list(self.configs.as_ref())
         )
         .with_context(|| format!("cannot list the Cluster API objects of namespace {namespace}"))?;
-        let ours = |m_namespace: &str, cluster_name: &str| m_namespace == cluster.namespace && cluster_name == cluster.name;
+        let ours =
+            |m_namespace: &str, cluster_name: &str| m_namespace == cluster.namespace && cluster_name == cluster.name;
         let inventory = Inventory {
             machines: views(&machines, MachineView::from_object, &mut unreadable)
                 .into_iter()
@@ -270,7 +275,12 @@ impl ManagementReader {
                 cluster.namespace
             )
         })?;
-        let secret = secret.with_context(|| format!("Secret {}/{name} is missing: the signer cannot serve this Cluster either", cluster.namespace))?;
+        let secret = secret.with_context(|| {
+            format!(
+                "Secret {}/{name} is missing: the signer cannot serve this Cluster either",
+                cluster.namespace
+            )
+        })?;
         let value = secret
             .data
             .and_then(|mut d| d.remove("value"))

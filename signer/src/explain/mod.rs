@@ -107,7 +107,12 @@ struct Judge {
 impl Judge {
     /// The rule engine's decision on `csr` now, with the cloud calls it asks for made (unless
     /// `--offline`).
-    async fn decide(&self, csr: &CertificateSigningRequest, facts: &ClusterFacts, workload: &WorkloadFacts) -> Result<Decision> {
+    async fn decide(
+        &self,
+        csr: &CertificateSigningRequest,
+        facts: &ClusterFacts,
+        workload: &WorkloadFacts,
+    ) -> Result<Decision> {
         let object = csr_object(csr);
         let related: Vec<attestation::CsrObject> = workload.csrs.iter().map(csr_object).collect();
         let inputs = Inputs {
@@ -123,8 +128,12 @@ impl Judge {
                 max_age: self.max_age,
             },
         };
-        let decision = attestation::decide(&inputs)
-            .with_context(|| format!("CSR {} is not for a signer node-attestation-signer handles", object.name))?;
+        let decision = attestation::decide(&inputs).with_context(|| {
+            format!(
+                "CSR {} is not for a signer node-attestation-signer handles",
+                object.name
+            )
+        })?;
         if decision.cloud_calls.is_empty() || self.offline {
             return Ok(decision);
         }
@@ -199,7 +208,9 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         match args.output {
             OutputFormat::Json => println!(
                 "{}",
-                serde_json::to_string_pretty(&serde_json::json!({"cluster": cluster_key, "csrs": listed, "notes": notes}))?
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"cluster": cluster_key, "csrs": listed, "notes": notes})
+                )?
             ),
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));

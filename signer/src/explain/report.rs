@@ -241,11 +241,7 @@ pub fn judged_machine(
             name: format!("{}/{}", pool.namespace, pool.name),
             uid: pool.uid.clone(),
             provider_id: instance.map(str::to_owned),
-            node_ref: requested
-                .node
-                .as_ref()
-                .filter(|n| pool.node_refs.contains(n))
-                .cloned(),
+            node_ref: requested.node.as_ref().filter(|n| pool.node_refs.contains(n)).cloned(),
             bootstrap_ready: pool.bootstrap_ready,
             deleting: pool.deleting,
             ek_pins: pool.ek_pins.clone(),
@@ -492,7 +488,11 @@ pub fn render_explanation(e: &Explanation<'_>) -> String {
         (None, _) => writeln!(out, "  recorded:    {}", r.state),
     };
     let _ = writeln!(out);
-    let _ = write!(out, "Decision now: {}", crate::render::decision(e.now, "claim it would write"));
+    let _ = write!(
+        out,
+        "Decision now: {}",
+        crate::render::decision(e.now, "claim it would write")
+    );
     let _ = writeln!(out);
     match &e.machine {
         None => {
@@ -521,8 +521,16 @@ pub fn render_explanation(e: &Explanation<'_>) -> String {
                     record.node_name,
                     record.csr_uid,
                     record.claimed_at,
-                    record.ek_sha256.as_deref().map(|ek| format!(" · EK {ek}")).unwrap_or_default(),
-                    record.instance.as_deref().map(|i| format!(" · instance {i}")).unwrap_or_default()
+                    record
+                        .ek_sha256
+                        .as_deref()
+                        .map(|ek| format!(" · EK {ek}"))
+                        .unwrap_or_default(),
+                    record
+                        .instance
+                        .as_deref()
+                        .map(|i| format!(" · instance {i}"))
+                        .unwrap_or_default()
                 ),
                 ClaimView::Stale { record } => writeln!(
                     out,
@@ -580,7 +588,11 @@ fn listed_line(c: &ListedCsr) -> String {
             c.now_reason.clone(),
             c.now_message.clone(),
         ),
-        _ => (c.recorded.state.clone(), c.recorded.reason.clone(), c.recorded.message.clone()),
+        _ => (
+            c.recorded.state.clone(),
+            c.recorded.reason.clone(),
+            c.recorded.message.clone(),
+        ),
     };
     format!(
         "{:<32} {:<20} {:>5}  {:<22} {:<24} {}",
@@ -589,14 +601,20 @@ fn listed_line(c: &ListedCsr) -> String {
         age(c.csr.age_seconds),
         state,
         reason.unwrap_or_else(|| "-".into()),
-        message.map(|m| attestation::identity::truncate(&m, 160)).unwrap_or_default()
+        message
+            .map(|m| attestation::identity::truncate(&m, 160))
+            .unwrap_or_default()
     )
 }
 
 /// `--pending` for people.
 pub fn render_pending(cluster: &str, listed: &[ListedCsr]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Cluster {cluster}: {} CSRs pending, denied or failed", listed.len());
+    let _ = writeln!(
+        out,
+        "Cluster {cluster}: {} CSRs pending, denied or failed",
+        listed.len()
+    );
     if listed.is_empty() {
         return out;
     }
@@ -639,18 +657,33 @@ mod tests {
         let t = "2026-01-01T00:00:00Z";
         assert_eq!(recorded(&csr("a", t, json!([]), false)).state, "Pending");
         assert_eq!(
-            recorded(&csr("a", t, json!([condition("Approved", "AttestedInsecureV1")]), false)).state,
+            recorded(&csr(
+                "a",
+                t,
+                json!([condition("Approved", "AttestedInsecureV1")]),
+                false
+            ))
+            .state,
             "Approved"
         );
         let issued = recorded(&csr("a", t, json!([condition("Approved", "AttestedInsecureV1")]), true));
-        assert_eq!((issued.state.as_str(), issued.reason.as_deref()), ("Issued", Some("AttestedInsecureV1")));
+        assert_eq!(
+            (issued.state.as_str(), issued.reason.as_deref()),
+            ("Issued", Some("AttestedInsecureV1"))
+        );
         let failed = recorded(&csr(
             "a",
             t,
-            json!([condition("Approved", "AttestedInsecureV1"), condition("Failed", "MachineAlreadyClaimed")]),
+            json!([
+                condition("Approved", "AttestedInsecureV1"),
+                condition("Failed", "MachineAlreadyClaimed")
+            ]),
             false,
         ));
-        assert_eq!((failed.state.as_str(), failed.reason.as_deref()), ("Failed", Some("MachineAlreadyClaimed")));
+        assert_eq!(
+            (failed.state.as_str(), failed.reason.as_deref()),
+            ("Failed", Some("MachineAlreadyClaimed"))
+        );
         let denied = recorded(&csr("a", t, json!([condition("Denied", "UnknownMachine")]), false));
         assert_eq!(denied.message.as_deref(), Some("UnknownMachine message"));
         assert_eq!(denied.at.as_deref(), Some("2026-01-01T00:00:00Z"));
