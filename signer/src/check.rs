@@ -83,20 +83,14 @@ pub struct CheckArgs {
     /// Other CSR objects of the workload cluster (a `tpm/v1` CSR #2 names its CSR #1).
     #[arg(long = "related-csr")]
     pub related_csrs: Vec<PathBuf>,
-    /// `tpm/v1`: EK CA bundle (a PEM file or a folder of them), as the controller's flag.
-    #[arg(long)]
-    pub tpm_ek_ca_bundle: Option<PathBuf>,
-    /// `tpm/v1`: trust an unpinned, unchained EK for an unclaimed Machine.
-    #[arg(long)]
-    pub tpm_trust_on_first_use: bool,
+    /// The `tpm/v1` flags, as the controller's.
+    #[command(flatten)]
+    pub tpm: crate::verifiers::TpmFlags,
     /// `tpm/v1`: file holding the challenge key (the `key` of the signer's Secret). Without it
     /// a random key is used: phase 1 shows the challenge it would issue, and phase 2 cannot
     /// verify.
     #[arg(long)]
     pub tpm_challenge_key: Option<PathBuf>,
-    /// `tpm/v1`: how long a challenge may go unanswered.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    pub tpm_challenge_ttl: std::time::Duration,
     /// The cloud identity providers, as the controller's flags. Without `--gcp-jwks-file`
     /// Google's keys are fetched from `--gcp-jwks-url`; without `--aws-sts-response` the
     /// node's STS request is replayed to `--aws-sts-endpoint` (STS refuses a request older
@@ -216,11 +210,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     };
     let verifiers = crate::verifiers::all(
         attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
-        &crate::verifiers::TpmSettings {
-            ek_ca_bundle: args.tpm_ek_ca_bundle.as_deref(),
-            trust_on_first_use: args.tpm_trust_on_first_use,
-            challenge_ttl: args.tpm_challenge_ttl,
-        },
+        &args.tpm.settings(),
         &args.cloud,
         cloud.google.clone(),
         sts,

@@ -25,6 +25,31 @@ pub struct TpmSettings<'a> {
     pub challenge_ttl: std::time::Duration,
 }
 
+/// The `tpm/v1` flags of `check` and `explain` (`run` reads the same from its environment too).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TpmFlags {
+    /// `tpm/v1`: EK CA bundle (a PEM file or a folder of them), as the signer's flag.
+    #[arg(long)]
+    pub tpm_ek_ca_bundle: Option<PathBuf>,
+    /// `tpm/v1`: trust an unpinned, unchained EK for an unclaimed Machine, as the signer's flag.
+    #[arg(long)]
+    pub tpm_trust_on_first_use: bool,
+    /// `tpm/v1`: how long a challenge may go unanswered, as the signer's flag.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tpm_challenge_ttl: std::time::Duration,
+}
+
+impl TpmFlags {
+    /// As [`all`] takes them.
+    pub fn settings(&self) -> TpmSettings<'_> {
+        TpmSettings {
+            ek_ca_bundle: self.tpm_ek_ca_bundle.as_deref(),
+            trust_on_first_use: self.tpm_trust_on_first_use,
+            challenge_ttl: self.tpm_challenge_ttl,
+        }
+    }
+}
+
 /// Every verifier: `tpm/v1` deriving its challenges under `challenge_key` (loaded now, or later
 /// by the controller's loader), the cloud providers finding Google's keys in `google` and STS's
 /// answers in `sts`.

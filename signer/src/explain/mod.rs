@@ -71,15 +71,9 @@ pub struct ExplainArgs {
     /// The signer's `--csr-max-age` (pass what it runs with).
     #[arg(long, default_value = "15m", value_parser = humantime::parse_duration)]
     pub csr_max_age: std::time::Duration,
-    /// The signer's `--tpm-ek-ca-bundle`.
-    #[arg(long)]
-    pub tpm_ek_ca_bundle: Option<PathBuf>,
-    /// The signer's `--tpm-trust-on-first-use`.
-    #[arg(long)]
-    pub tpm_trust_on_first_use: bool,
-    /// The signer's `--tpm-challenge-ttl`.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    pub tpm_challenge_ttl: std::time::Duration,
+    /// The signer's `tpm/v1` flags.
+    #[command(flatten)]
+    pub tpm: crate::verifiers::TpmFlags,
     /// The signer's cloud flags.
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,
@@ -187,11 +181,7 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     let judge = Judge {
         verifiers: crate::verifiers::all(
             ChallengeKey::withheld(),
-            &crate::verifiers::TpmSettings {
-                ek_ca_bundle: args.tpm_ek_ca_bundle.as_deref(),
-                trust_on_first_use: args.tpm_trust_on_first_use,
-                challenge_ttl: args.tpm_challenge_ttl,
-            },
+            &args.tpm.settings(),
             &args.cloud,
             cloud.google.clone(),
             cloud.sts.clone(),
