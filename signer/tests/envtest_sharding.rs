@@ -7,7 +7,8 @@
 //! every Cluster (the overlap a hand-over can leave, made permanent) races a shard replica on
 //! pairs of CSRs for one Machine; a SIGTERMed replica hands over at once. Throughout, a watch of
 //! both loaded clusters' CSRs checks that no certificate is ever written twice and no Machine
-//! gets two.
+//! gets two. Each Machine is kept in memory by the replica serving its Cluster only, before and
+//! after the hand-overs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -45,6 +46,21 @@ fn pid(cluster: &str, name: &str) -> String {
 
 fn ready(signer: &Signer) -> f64 {
     metric(&signer.metrics(), "node_attestation_clusters{state=\"Ready\"}")
+}
+
+/// Machines of the loaded clusters (16 each); the quiet ones have none.
+const MACHINES: f64 = 32.0;
+
+/// Machines the replica keeps.
+fn cached_machines(signer: &Signer) -> f64 {
+    metric(&signer.metrics(), "node_attestation_cached_objects{kind=\"Machine\"}")
+}
+
+/// Memory follows the shard: every Machine is kept by the one live replica serving its
+/// Cluster, none by the others.
+fn machines_follow_the_shard(live: &[(&str, &Signer)]) -> bool {
+    let cached: Vec<f64> = live.iter().map(|(_, s)| cached_machines(s)).collect();
+    cached.iter().sum::<f64>() == MACHINES && cached.iter().all(|c| [0.0, 16.0, 32.0].contains(c))
 }
 
 fn members(signer: &Signer) -> f64 {
@@ -267,6 +283,13 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
         );
         assert_eq!(metric(&text, "node_attestation_leader "), 0.0, "no leader when sharded");
     }
+    until(
+        "each Machine kept by the replica serving its Cluster only",
+        &replicas,
+        Duration::from_secs(40),
+        machines_follow_the_shard,
+    )
+    .await;
 
     // Both loaded clusters sign.
     for w in [&alpha, &beta] {
@@ -371,6 +394,15 @@ async fn three_replicas_share_the_fleet_hand_over_on_kill_and_never_sign_twice()
         replicas.iter().any(|(_, s)| handovers(s, "released") > 0.0),
         "the survivors released the returning replica's share"
     );
+    // After a kill, a hand-over and a return, the Machines are still where the shard says, and
+    // the survivors dropped what they handed back.
+    until(
+        "each Machine kept by the replica serving its Cluster only, after the hand-overs",
+        &replicas,
+        Duration::from_secs(40),
+        machines_follow_the_shard,
+    )
+    .await;
 
     // The overlap a hand-over can leave, made permanent: a process serving every Cluster
     // beside the shard. Two CSRs per Machine, each possibly handled by both processes: one

@@ -196,9 +196,11 @@ impl Fleet {
             .select(|c| c.opted_in)
             .into_iter()
             .partition(|c| view.as_ref().is_none_or(|v| v.owns(&c.uid)));
-        // Released Clusters stop before anything slow happens.
+        // Released Clusters stop before anything slow happens, and their Machines are dropped;
+        // gained ones start listing theirs.
         let mine_keys: HashSet<String> = mine.iter().map(key).collect();
         self.running.retain(|k, _| mine_keys.contains(k));
+        self.shared.management.serve(&mine);
         if let Some(view) = &view {
             self.hand_over(view, &mine, &theirs);
         }
@@ -323,6 +325,10 @@ impl Fleet {
         self.shared
             .metrics
             .tpm_challenge_key(self.shared.challenge_key.key().is_loaded());
+        let cached = self.shared.management.cached();
+        let kinds = super::shard_store::Kind::ALL;
+        let counts: Vec<(&str, usize)> = kinds.iter().map(|k| k.as_str()).zip(cached).collect();
+        self.shared.metrics.cached_objects(&counts);
     }
 
     /// Logs, counts and records (in the background) the Clusters this replica gained and

@@ -1,8 +1,15 @@
-//! The management cluster: watch caches of Clusters, Machines, MachinePools and KubeadmConfigs
-//! (kept as the rule engine's views, not as raw objects), fresh reads for the re-check before
-//! signing, the claim write, and Secrets by name.
+//! The management cluster: a watch cache of Clusters, the Machines, MachinePools and
+//! KubeadmConfigs of the Clusters this replica serves (kept as the rule engine's views, not as
+//! raw objects: [`super::shard_store`]), fresh reads for the re-check before signing, the claim
+//! write, and Secrets by name.
+//!
+//! One watch per kind carries the whole fleet's changes; what belongs to Clusters served
+//! elsewhere is dropped as it arrives, so a replica's memory follows its shard. A Cluster gained
+//! later is listed from its namespace (a paged, consistent LIST per kind, one per namespace for
+//! all the Clusters gained there in one pass) before the worker decides anything for it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result};
@@ -11,11 +18,13 @@ use attestation::machine::{
     ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, ObjectError, TargetKind, TargetRef,
 };
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
+
+use super::shard_store::{Change, Kind, Listed, Object, ShardStore};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -40,11 +49,6 @@ impl<V: Clone> ViewCache<V> {
             .filter(|v| keep(v))
             .map(|v| V::clone(v))
             .collect()
-    }
-
-    /// Every view matching `keep`, shared with the cache (no copy).
-    pub fn select_shared(&self, keep: impl Fn(&V) -> bool) -> Vec<Arc<V>> {
-        read(&self.views).values().filter(|v| keep(v)).cloned().collect()
     }
 
     /// The view of `namespace/name`.
@@ -191,12 +195,21 @@ pub struct Management {
     client: Client,
     /// Opted-in or not, every Cluster.
     pub clusters: Arc<ViewCache<ClusterView>>,
-    machines: Arc<ViewCache<MachineView>>,
-    pools: Arc<ViewCache<MachinePoolView>>,
-    configs: Arc<ViewCache<KubeadmConfigView>>,
+    /// The served Clusters' Machines, MachinePools and KubeadmConfigs.
+    shard: Arc<RwLock<ShardStore>>,
+    /// Whether each kind's watch has listed once (by [`Kind::ALL`]).
+    watched: Arc<[AtomicBool; 3]>,
+    /// Bounds the namespace LISTs of Clusters gained at once.
+    fills: Arc<Semaphore>,
     machine_resource: ApiResource,
     pool_resource: Option<ApiResource>,
+    config_resource: Option<ApiResource>,
 }
+
+/// Namespace LISTs of gained Clusters at once.
+const FILLS_AT_ONCE: usize = 16;
+/// Objects per page of a namespace LIST: a large namespace is never held as one answer.
+const FILL_PAGE: u32 = 500;
 
 impl Management {
     /// Starts the watches, in `namespace` or in all namespaces.
@@ -221,24 +234,29 @@ impl Management {
             kubeadm_configs = config_resource.as_ref().map(|r| r.api_version.as_str()).unwrap_or("not installed"),
             "reading Cluster API objects"
         );
-        let pools = match &pool_resource {
-            Some(r) => spawn_cache(api(r), MachinePoolView::from_object, "MachinePools"),
-            None => ready_empty(),
-        };
-        let configs = match &config_resource {
-            Some(r) => spawn_cache(api(r), KubeadmConfigView::from_object, "KubeadmConfigs"),
-            None => ready_empty(),
-        };
+        let shard = Arc::new(RwLock::new(ShardStore::default()));
+        let watched = Arc::new([AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)]);
+        for (kind, resource) in [
+            (Kind::Machine, Some(&machine_resource)),
+            (Kind::MachinePool, pool_resource.as_ref()),
+            (Kind::KubeadmConfig, config_resource.as_ref()),
+        ] {
+            match resource {
+                Some(r) => spawn_shard_feed(api(r), kind, Arc::clone(&shard), Arc::clone(&watched)),
+                None => watched[kind_index(kind)].store(true, Ordering::Relaxed),
+            }
+        }
         let management = Arc::new(Self {
             clusters: spawn_cache(api(&cluster_resource), ClusterView::from_object, "Clusters"),
-            machines: spawn_cache(api(&machine_resource), MachineView::from_object, "Machines"),
-            pools,
-            configs,
+            shard,
+            watched,
+            fills: Arc::new(Semaphore::new(FILLS_AT_ONCE)),
             machine_resource,
             pool_resource,
+            config_resource,
             client,
         });
-        // Deciding on half-listed caches would deny CSRs whose Machine was simply not listed yet.
+        // Serving on half-started watches would miss the changes made before they start.
         let mut waited = 0u32;
         while !management.synced() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -262,19 +280,150 @@ impl Management {
             .map_or_else(|| "cluster.x-k8s.io/v1beta2".to_owned(), |r| r.api_version.clone())
     }
 
-    /// True once every watch has listed.
+    /// True once the Cluster cache and every kind's watch have listed.
     pub fn synced(&self) -> bool {
-        self.clusters.synced() && self.machines.synced() && self.pools.synced() && self.configs.synced()
+        self.clusters.synced() && self.watched.iter().all(|w| w.load(Ordering::Relaxed))
     }
 
-    /// The Cluster's Machines, MachinePools and KubeadmConfigs, from the caches.
-    pub fn inventory(&self, cluster: &ClusterView) -> Inventory {
-        let ours = |ns: &str, name: &str| ns == cluster.namespace && name == cluster.name;
-        Inventory {
-            machines: self.machines.select_shared(|m| ours(&m.namespace, &m.cluster_name)),
-            pools: self.pools.select_shared(|p| ours(&p.namespace, &p.cluster_name)),
-            kubeadm_configs: self.configs.select_shared(|c| c.namespace == cluster.namespace),
+    /// Serves exactly `mine`: drops the objects of Clusters no longer among them, and lists
+    /// those of the Clusters new among them (in the background: they are decided once listed).
+    pub fn serve(self: &Arc<Self>, mine: &[ClusterView]) {
+        let wanted: Vec<(String, String)> = mine.iter().map(|c| (c.namespace.clone(), c.name.clone())).collect();
+        let served = write(&self.shard).serve(&wanted);
+        for key in &served.released {
+            tracing::debug!(cluster = %key, "dropped the Cluster API objects of a Cluster no longer served");
         }
+        let mut by_namespace: BTreeMap<String, (Vec<String>, bool)> = BTreeMap::new();
+        for (namespace, name) in served.gained {
+            by_namespace.entry(namespace).or_default().0.push(name);
+        }
+        for namespace in served.namespaces {
+            by_namespace.entry(namespace).or_default().1 = true;
+        }
+        for (namespace, (clusters, configs)) in by_namespace {
+            let management = Arc::clone(self);
+            tokio::spawn(async move { management.fill(namespace, clusters, configs).await });
+        }
+    }
+
+    /// Lists `namespace` for the gained `clusters` (and its KubeadmConfigs when `configs`),
+    /// retrying until it is merged or they are no longer served.
+    async fn fill(self: Arc<Self>, namespace: String, clusters: Vec<String>, configs: bool) {
+        let mut backoff = Backoff::default();
+        loop {
+            let Ok(_turn) = self.fills.acquire().await else {
+                return;
+            };
+            let started = std::time::Instant::now();
+            match self.list_namespace(&namespace, &clusters, configs).await {
+                Ok((machines, pools, listed_configs)) => {
+                    let mut shard = write(&self.shard);
+                    let mut machines_of: HashMap<String, Vec<(String, Listed<MachineView>)>> = HashMap::new();
+                    for (name, (rv, view)) in machines {
+                        machines_of
+                            .entry(view.cluster_name.clone())
+                            .or_default()
+                            .push((name, (rv, view)));
+                    }
+                    let mut pools_of: HashMap<String, Vec<(String, Listed<MachinePoolView>)>> = HashMap::new();
+                    for (name, (rv, view)) in pools {
+                        pools_of
+                            .entry(view.cluster_name.clone())
+                            .or_default()
+                            .push((name, (rv, view)));
+                    }
+                    for cluster in &clusters {
+                        shard.fill(
+                            &namespace,
+                            cluster,
+                            machines_of.remove(cluster).unwrap_or_default(),
+                            pools_of.remove(cluster).unwrap_or_default(),
+                        );
+                    }
+                    if let Some(listed) = listed_configs {
+                        shard.fill_namespace(&namespace, listed);
+                    }
+                    drop(shard);
+                    tracing::info!(
+                        namespace = %namespace,
+                        clusters = ?clusters,
+                        ms = started.elapsed().as_millis() as u64,
+                        "listed the Cluster API objects of gained Clusters"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    let still_served = {
+                        let shard = read(&self.shard);
+                        clusters.iter().any(|c| shard.is_served(&namespace, c))
+                    };
+                    if !still_served {
+                        return;
+                    }
+                    tracing::warn!(namespace = %namespace, error = %e, "cannot list the Cluster API objects of gained Clusters; retrying");
+                }
+            }
+            backoff.wait().await;
+        }
+    }
+
+    /// Machines and MachinePools of `clusters` in `namespace`, and its KubeadmConfigs when
+    /// `configs`: consistent reads, so never older than what the watches delivered before.
+    #[allow(clippy::type_complexity)]
+    async fn list_namespace(
+        &self,
+        namespace: &str,
+        clusters: &[String],
+        configs: bool,
+    ) -> Result<
+        (
+            Vec<(String, Listed<MachineView>)>,
+            Vec<(String, Listed<MachinePoolView>)>,
+            Option<Vec<(String, Listed<KubeadmConfigView>)>>,
+        ),
+        kube::Error,
+    > {
+        let ours = |cluster: &str| clusters.iter().any(|c| c == cluster);
+        let machines = list_views(
+            &self.client,
+            &self.machine_resource,
+            namespace,
+            MachineView::from_object,
+        )
+        .await?
+        .into_iter()
+        .filter(|(_, (_, m))| ours(&m.cluster_name))
+        .collect();
+        let pools = match &self.pool_resource {
+            Some(r) => list_views(&self.client, r, namespace, MachinePoolView::from_object)
+                .await?
+                .into_iter()
+                .filter(|(_, (_, p))| ours(&p.cluster_name))
+                .collect(),
+            None => Vec::new(),
+        };
+        let listed_configs = match (&self.config_resource, configs) {
+            (Some(r), true) => Some(list_views(&self.client, r, namespace, KubeadmConfigView::from_object).await?),
+            (None, true) => Some(Vec::new()),
+            (_, false) => None,
+        };
+        Ok((machines, pools, listed_configs))
+    }
+
+    /// The Cluster's Machines, MachinePools and KubeadmConfigs, once listed (`None` before:
+    /// decide nothing for it yet).
+    pub fn inventory(&self, cluster: &ClusterView) -> Option<Inventory> {
+        read(&self.shard).inventory(&cluster.namespace, &cluster.name)
+    }
+
+    /// Whether the Cluster's objects are listed.
+    pub fn listed(&self, cluster: &ClusterView) -> bool {
+        read(&self.shard).listed(&cluster.namespace, &cluster.name)
+    }
+
+    /// Objects kept, by [`Kind::ALL`].
+    pub fn cached(&self) -> [usize; 3] {
+        read(&self.shard).counts()
     }
 
     fn api_for(&self, target: &TargetRef) -> Result<Api<DynamicObject>, ApplyError> {
@@ -344,10 +493,139 @@ impl Management {
     }
 }
 
-fn ready_empty<V: Clone>() -> Arc<ViewCache<V>> {
-    let cache = ViewCache::new();
-    *write(&cache.synced) = true;
-    cache
+fn kind_index(kind: Kind) -> usize {
+    Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+/// An object of `kind` as the shard store takes it (`view` `None`: deleted).
+fn change_of(kind: Kind, object: &DynamicObject, deleted: bool) -> Change {
+    let view = if deleted {
+        None
+    } else {
+        let read = serde_json::to_value(object)
+            .map_err(|e| e.to_string())
+            .and_then(|value| {
+                match kind {
+                    Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
+                    Kind::MachinePool => MachinePoolView::from_object(&value).map(Object::MachinePool),
+                    Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
+                }
+                .map_err(|e| e.to_string())
+            });
+        match read {
+            Ok(view) => Some(view),
+            Err(e) => {
+                tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {}", kind.as_str());
+                None
+            }
+        }
+    };
+    Change {
+        kind,
+        namespace: object.metadata.namespace.clone().unwrap_or_default(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+        cluster_name: object
+            .data
+            .pointer("/spec/clusterName")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        resource_version: object
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse().ok()),
+        view,
+    }
+}
+
+/// Feeds `shard` from a watch of `api` until the process ends: the served Clusters' changes
+/// are kept, the others dropped as they arrive (a relist too is filtered as it streams).
+fn spawn_shard_feed(
+    api: Api<DynamicObject>,
+    kind: Kind,
+    shard: Arc<RwLock<ShardStore>>,
+    watched: Arc<[AtomicBool; 3]>,
+) {
+    tokio::spawn(async move {
+        let mut relist: Option<(super::shard_store::RelistMark, Vec<Change>)> = None;
+        let mut events = watcher(api, watcher::Config::default()).boxed();
+        let mut backoff = Backoff::default();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Init) => relist = Some((read(&shard).relist_mark(), Vec::new())),
+                Ok(watcher::Event::InitApply(object)) => {
+                    if let Some((_, buffer)) = relist.as_mut() {
+                        let change = change_of(kind, &object, false);
+                        if read(&shard).wants(&change) {
+                            buffer.push(change);
+                        }
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    if let Some((mark, buffer)) = relist.take() {
+                        write(&shard).relisted(kind, buffer, &mark);
+                    }
+                    watched[kind_index(kind)].store(true, Ordering::Relaxed);
+                    backoff.reset();
+                }
+                Ok(watcher::Event::Apply(object)) => {
+                    let change = change_of(kind, &object, false);
+                    write(&shard).apply(change);
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    let change = change_of(kind, &object, true);
+                    write(&shard).apply(change);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch of {}s in the management cluster failed; retrying", kind.as_str());
+                    backoff.wait().await;
+                }
+            }
+        }
+    });
+}
+
+/// Every object of `resource` in `namespace` as views with their resourceVersion, listed in
+/// pages; unreadable ones are left out, as the watch leaves them out.
+async fn list_views<V>(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    view: fn(&Value) -> Result<V, ObjectError>,
+) -> Result<Vec<(String, Listed<V>)>, kube::Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(FILL_PAGE);
+        if let Some(token) = &token {
+            params = params.continue_token(token);
+        }
+        let page = api.list(&params).await?;
+        for object in &page.items {
+            let Ok(value) = serde_json::to_value(object) else {
+                continue;
+            };
+            match view(&value) {
+                Ok(v) => out.push((
+                    object.metadata.name.clone().unwrap_or_default(),
+                    (
+                        object
+                            .metadata
+                            .resource_version
+                            .as_deref()
+                            .and_then(|rv| rv.parse().ok()),
+                        v,
+                    ),
+                )),
+                Err(e) => tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable object"),
+            }
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(out);
+        }
+    }
 }
 
 /// Why a write did not happen.

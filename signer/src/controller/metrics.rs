@@ -33,11 +33,19 @@ pub enum ClusterState {
     SecretsInvalid,
     /// Refused: its CA certificate is also another opted-in Cluster's.
     SharedCa,
+    /// Just gained: its CSRs are watched, its Machines still being listed (nothing is decided).
+    Listing,
 }
 
 impl ClusterState {
     /// Every state, for resetting gauges.
-    pub const ALL: [Self; 4] = [Self::Ready, Self::Unreachable, Self::SecretsInvalid, Self::SharedCa];
+    pub const ALL: [Self; 5] = [
+        Self::Ready,
+        Self::Unreachable,
+        Self::SecretsInvalid,
+        Self::SharedCa,
+        Self::Listing,
+    ];
 }
 
 /// Which way a Cluster moved between replicas.
@@ -73,6 +81,11 @@ struct DirectionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: ClusterState,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -130,6 +143,7 @@ pub struct Metrics {
     shard_fenced: Gauge,
     shard_clusters_owned: Gauge,
     shard_handovers: Family<DirectionLabels, Counter>,
+    cached_objects: Family<KindLabels, Gauge>,
 }
 
 impl Metrics {
@@ -156,6 +170,7 @@ impl Metrics {
             shard_fenced: Gauge::default(),
             shard_clusters_owned: Gauge::default(),
             shard_handovers: Family::default(),
+            cached_objects: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("node_attestation");
         r.register(
@@ -244,7 +259,23 @@ impl Metrics {
             "Clusters this replica took over (gained) or handed to another (released)",
             metrics.shard_handovers.clone(),
         );
+        r.register(
+            "cached_objects",
+            "Cluster API objects this replica keeps, by kind: those of the Clusters it serves",
+            metrics.cached_objects.clone(),
+        );
         metrics
+    }
+
+    /// Objects kept by the shard's caches, by kind.
+    pub fn cached_objects(&self, counts: &[(&str, usize)]) {
+        for (kind, n) in counts {
+            self.cached_objects
+                .get_or_create(&KindLabels {
+                    kind: (*kind).to_owned(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// The in-flight gauges, for the limiter to keep current.

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod queue;
 pub mod shard;
+pub mod shard_store;
 pub mod workload;
 
 use std::net::SocketAddr;

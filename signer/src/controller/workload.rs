@@ -141,6 +141,9 @@ pub struct Worker {
 /// resync after it looks again, so a lost watch event costs at most this and a resync period.
 const FINISHED_MEMORY: Duration = Duration::from_secs(60);
 
+/// How soon a CSR of a Cluster whose Machines are still being listed is looked at again.
+const UNLISTED_RETRY: Duration = Duration::from_millis(250);
+
 /// Least time between two `TpmChallengeKeyUnavailable` Events on one Cluster.
 const KEY_WARNING_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -250,8 +253,18 @@ impl Worker {
     pub fn state(&self) -> ClusterState {
         match (*lock(&self.state), &self.ca) {
             (ClusterState::Ready, Err(_)) => ClusterState::SecretsInvalid,
+            (ClusterState::Ready, _) if !self.listed() => ClusterState::Listing,
             (state, _) => state,
         }
+    }
+
+    /// Whether its Cluster's Machines are listed (the worker decides nothing before).
+    fn listed(&self) -> bool {
+        self.shared
+            .management
+            .clusters
+            .get(&self.key)
+            .is_some_and(|cluster| self.shared.management.listed(&cluster))
     }
 
     /// When the oldest CSR still waiting for this signer was created (none waiting: `None`).
@@ -457,6 +470,13 @@ impl Worker {
         let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
             return Answer::Idle;
         };
+        // A Cluster just gained is decided only once its Machines are listed: an unlisted
+        // Machine would be denied MachineNotFound, which is final.
+        let Some(inventory) = self.shared.management.inventory(&cluster) else {
+            tracing::debug!("the Cluster's Machines are not listed yet");
+            self.queue.push_after(name.to_owned(), UNLISTED_RETRY);
+            return Answer::Idle;
+        };
         if csr.spec.signer_name == attestation::names::SIGNER_TPM
             && let Err(failure) = self.shared.challenge_key.ensure().await
         {
@@ -477,7 +497,6 @@ impl Worker {
         let now = OffsetDateTime::now_utc();
         let object = csr_object(&csr);
         let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
-        let inventory = self.shared.management.inventory(&cluster);
         let clock = Clock {
             now,
             first_seen,

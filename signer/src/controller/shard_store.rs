@@ -1,0 +1,775 @@
+//! The Cluster API objects of the Clusters this replica serves, and only those (the pure part
+//! of [`super::management`]'s caches: no I/O, unit-tested).
+//!
+//! Every replica watches every Machine, MachinePool and KubeadmConfig of the management cluster
+//! (one watch per kind, whatever the fleet's size), but keeps only the views of the Clusters it
+//! serves: memory follows the shard, the management apiserver's watch count does not grow with
+//! the fleet. A watch cannot give back what it dropped, so a Cluster gained later is listed
+//! (its namespace, one LIST per kind) and decided only once that list is merged:
+//!
+//! 1. [`ShardStore::serve`] marks a gained Cluster *filling*: from then on the watch's changes
+//!    to its objects are kept; a deletion leaves a tombstone with its resourceVersion.
+//! 2. The caller lists its namespace (a fresh, consistent read, so never older than what the
+//!    watch delivered before it) and hands the result to [`ShardStore::fill`] (Machines and
+//!    MachinePools) and [`ShardStore::fill_namespace`] (KubeadmConfigs, kept per namespace as the
+//!    rules read them). An object the watch already delivered in a newer version, or deleted
+//!    after the list's version, is not overwritten or brought back.
+//! 3. Once both are merged the Cluster is *listed*: [`ShardStore::inventory`] answers for it.
+//!    Before that it answers `None`, and the worker decides nothing (an unlisted Machine would
+//!    be denied `MachineNotFound`, which is final).
+//!
+//! A released Cluster's objects are dropped at once, and a namespace's KubeadmConfigs with its
+//! last served Cluster.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use attestation::machine::{Inventory, KubeadmConfigView, MachinePoolView, MachineView};
+
+/// The kinds kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `cluster.x-k8s.io` Machines.
+    Machine,
+    /// `cluster.x-k8s.io` MachinePools.
+    MachinePool,
+    /// `bootstrap.cluster.x-k8s.io` KubeadmConfigs.
+    KubeadmConfig,
+}
+
+impl Kind {
+    /// Every kind, in the order of [`ShardStore::counts`].
+    pub const ALL: [Self; 3] = [Self::Machine, Self::MachinePool, Self::KubeadmConfig];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Machine => "Machine",
+            Self::MachinePool => "MachinePool",
+            Self::KubeadmConfig => "KubeadmConfig",
+        }
+    }
+}
+
+/// One object's view (`None` when deleted, or when it does not read as a view: the signer
+/// ignores an unreadable object, as if it were not there).
+#[derive(Debug, Clone)]
+pub enum Object {
+    /// A Machine.
+    Machine(MachineView),
+    /// A MachinePool.
+    MachinePool(MachinePoolView),
+    /// A KubeadmConfig.
+    KubeadmConfig(KubeadmConfigView),
+}
+
+/// A change the watch delivered.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Which kind.
+    pub kind: Kind,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+    /// `spec.clusterName` (Machines and MachinePools; read even from an unreadable object).
+    pub cluster_name: Option<String>,
+    /// `metadata.resourceVersion`, as a number (etcd's revision); `None` when it is not one.
+    pub resource_version: Option<u64>,
+    /// The view now, `None` when deleted or unreadable.
+    pub view: Option<Object>,
+}
+
+/// A listed object: its resourceVersion and view.
+pub type Listed<V> = (Option<u64>, V);
+
+#[derive(Debug)]
+struct Entry<V> {
+    resource_version: Option<u64>,
+    view: Arc<V>,
+}
+
+/// Deletions seen while a list is on its way: `(kind, name)` to the deletion's version.
+type Tombstones = HashMap<(Kind, String), Option<u64>>;
+
+#[derive(Debug)]
+enum Fill {
+    /// Gained; its list is not merged yet.
+    Filling(Tombstones),
+    /// Listed: its objects are complete.
+    Listed,
+}
+
+#[derive(Debug)]
+struct ClusterSlot {
+    /// Tells a slot from the one a release and a gain later put under the same key.
+    generation: u64,
+    namespace: String,
+    machines: HashMap<String, Entry<MachineView>>,
+    pools: HashMap<String, Entry<MachinePoolView>>,
+    fill: Fill,
+}
+
+#[derive(Debug)]
+struct NamespaceSlot {
+    generation: u64,
+    configs: HashMap<String, Entry<KubeadmConfigView>>,
+    /// Names of the served Clusters in this namespace.
+    clusters: HashSet<String>,
+    fill: Fill,
+}
+
+/// The served Clusters' objects.
+#[derive(Debug, Default)]
+pub struct ShardStore {
+    /// By `namespace/name` of the Cluster.
+    clusters: HashMap<String, ClusterSlot>,
+    /// By namespace: the KubeadmConfigs the served Clusters there read.
+    namespaces: HashMap<String, NamespaceSlot>,
+    /// The last slot generation handed out.
+    generation: u64,
+}
+
+/// Which slots were listed when a watch began to list everything again: only those are
+/// replaced by what it lists (a slot gained meanwhile was filled by its own list, from objects
+/// the relist dropped as they streamed past).
+#[derive(Debug, Default)]
+pub struct RelistMark {
+    clusters: HashSet<(String, u64)>,
+    namespaces: HashSet<(String, u64)>,
+}
+
+/// What [`ShardStore::serve`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Clusters now filling (`namespace`, `name`): list them.
+    pub gained: Vec<(String, String)>,
+    /// Namespaces whose KubeadmConfigs are now filling: list them.
+    pub namespaces: Vec<String>,
+    /// Clusters whose objects were dropped.
+    pub released: Vec<String>,
+}
+
+/// True when a listed object of `listed` version may replace what the watch left: nothing
+/// newer is there, and it was not deleted since.
+fn list_wins(listed: Option<u64>, present: Option<Option<u64>>, deleted: Option<&Option<u64>>) -> bool {
+    let newer_than = |other: Option<u64>| match (listed, other) {
+        (Some(listed), Some(other)) => listed > other,
+        // Not comparable: what the watch delivered is at least as recent as the list, which
+        // was read after the Cluster started filling.
+        _ => false,
+    };
+    match (present, deleted) {
+        (Some(present), _) => newer_than(present),
+        (None, Some(deleted)) => newer_than(*deleted),
+        (None, None) => true,
+    }
+}
+
+fn merge<V>(
+    map: &mut HashMap<String, Entry<V>>,
+    tombstones: &Tombstones,
+    kind: Kind,
+    listed: Vec<(String, Listed<V>)>,
+) {
+    for (name, (resource_version, view)) in listed {
+        let present = map.get(&name).map(|e| e.resource_version);
+        if list_wins(resource_version, present, tombstones.get(&(kind, name.clone()))) {
+            map.insert(
+                name,
+                Entry {
+                    resource_version,
+                    view: Arc::new(view),
+                },
+            );
+        }
+    }
+}
+
+impl ShardStore {
+    /// Serves exactly `clusters` (`namespace`, `name`): new ones start filling, others are
+    /// dropped.
+    pub fn serve(&mut self, clusters: &[(String, String)]) -> Served {
+        let wanted: HashSet<String> = clusters.iter().map(|(ns, name)| format!("{ns}/{name}")).collect();
+        let mut served = Served::default();
+        let released: Vec<String> = self.clusters.keys().filter(|k| !wanted.contains(*k)).cloned().collect();
+        for key in released {
+            if let Some(slot) = self.clusters.remove(&key) {
+                let name = key.rsplit_once('/').map_or("", |(_, name)| name);
+                let emptied = match self.namespaces.get_mut(&slot.namespace) {
+                    Some(ns) => {
+                        ns.clusters.remove(name);
+                        ns.clusters.is_empty()
+                    }
+                    None => false,
+                };
+                if emptied {
+                    self.namespaces.remove(&slot.namespace);
+                }
+            }
+            served.released.push(key);
+        }
+        for (namespace, name) in clusters {
+            let key = format!("{namespace}/{name}");
+            if self.clusters.contains_key(&key) {
+                continue;
+            }
+            self.generation += 1;
+            self.clusters.insert(
+                key,
+                ClusterSlot {
+                    generation: self.generation,
+                    namespace: namespace.clone(),
+                    machines: HashMap::new(),
+                    pools: HashMap::new(),
+                    fill: Fill::Filling(Tombstones::new()),
+                },
+            );
+            served.gained.push((namespace.clone(), name.clone()));
+            let generation = self.generation;
+            let ns = self.namespaces.entry(namespace.clone()).or_insert_with(|| {
+                served.namespaces.push(namespace.clone());
+                NamespaceSlot {
+                    generation,
+                    configs: HashMap::new(),
+                    clusters: HashSet::new(),
+                    fill: Fill::Filling(Tombstones::new()),
+                }
+            });
+            ns.clusters.insert(name.clone());
+        }
+        served.released.sort();
+        served
+    }
+
+    /// Applies a change from the watch: kept when its Cluster (or, for a KubeadmConfig, its
+    /// namespace) is served, dropped otherwise. Returns whether it was kept.
+    pub fn apply(&mut self, change: Change) -> bool {
+        let Change {
+            kind,
+            namespace,
+            name,
+            cluster_name,
+            resource_version,
+            view,
+        } = change;
+        if kind == Kind::KubeadmConfig {
+            let Some(ns) = self.namespaces.get_mut(&namespace) else {
+                return false;
+            };
+            match view {
+                Some(Object::KubeadmConfig(v)) => {
+                    ns.configs.insert(
+                        name,
+                        Entry {
+                            resource_version,
+                            view: Arc::new(v),
+                        },
+                    );
+                }
+                _ => {
+                    ns.configs.remove(&name);
+                    if let Fill::Filling(tombstones) = &mut ns.fill {
+                        tombstones.insert((kind, name), resource_version);
+                    }
+                }
+            }
+            return true;
+        }
+        // Cluster API keeps spec.clusterName immutable; without its webhook an object could
+        // still move: it leaves every other served Cluster of its namespace.
+        self.forget(kind, &namespace, &name, cluster_name.as_deref());
+        let Some(cluster_name) = cluster_name else {
+            return false;
+        };
+        let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{cluster_name}")) else {
+            return false;
+        };
+        match view {
+            Some(Object::Machine(v)) => {
+                slot.machines.insert(
+                    name,
+                    Entry {
+                        resource_version,
+                        view: Arc::new(v),
+                    },
+                );
+            }
+            Some(Object::MachinePool(v)) => {
+                slot.pools.insert(
+                    name,
+                    Entry {
+                        resource_version,
+                        view: Arc::new(v),
+                    },
+                );
+            }
+            _ => {
+                match kind {
+                    Kind::Machine => slot.machines.remove(&name).map(|_| ()),
+                    _ => slot.pools.remove(&name).map(|_| ()),
+                };
+                if let Fill::Filling(tombstones) = &mut slot.fill {
+                    tombstones.insert((kind, name), resource_version);
+                }
+            }
+        }
+        true
+    }
+
+    /// Drops Machine or MachinePool `name` from every served Cluster of `namespace` but
+    /// `except`.
+    fn forget(&mut self, kind: Kind, namespace: &str, name: &str, except: Option<&str>) {
+        let Some(ns) = self.namespaces.get(namespace) else {
+            return;
+        };
+        for cluster in ns.clusters.iter().filter(|c| Some(c.as_str()) != except) {
+            let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{cluster}")) else {
+                continue;
+            };
+            match kind {
+                Kind::Machine => slot.machines.remove(name).map(|_| ()),
+                Kind::MachinePool => slot.pools.remove(name).map(|_| ()),
+                Kind::KubeadmConfig => None,
+            };
+        }
+    }
+
+    /// Merges the list of a filling Cluster's Machines and MachinePools (those of its namespace
+    /// whose `spec.clusterName` is the Cluster's); it is listed once its namespace is too.
+    /// Returns false when the Cluster is no longer served or not filling (the list is dropped).
+    pub fn fill(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        machines: Vec<(String, Listed<MachineView>)>,
+        pools: Vec<(String, Listed<MachinePoolView>)>,
+    ) -> bool {
+        let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{name}")) else {
+            return false;
+        };
+        let Fill::Filling(tombstones) = &slot.fill else {
+            return false;
+        };
+        merge(&mut slot.machines, tombstones, Kind::Machine, machines);
+        merge(&mut slot.pools, tombstones, Kind::MachinePool, pools);
+        slot.fill = Fill::Listed;
+        true
+    }
+
+    /// Merges the list of a filling namespace's KubeadmConfigs. Returns false when no served
+    /// Cluster is there any more or it is not filling.
+    pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
+        let Some(slot) = self.namespaces.get_mut(namespace) else {
+            return false;
+        };
+        let Fill::Filling(tombstones) = &slot.fill else {
+            return false;
+        };
+        merge(&mut slot.configs, tombstones, Kind::KubeadmConfig, configs);
+        slot.fill = Fill::Listed;
+        true
+    }
+
+    /// The slots listed now, for [`ShardStore::relisted`].
+    pub fn relist_mark(&self) -> RelistMark {
+        RelistMark {
+            clusters: self
+                .clusters
+                .iter()
+                .filter(|(_, s)| matches!(s.fill, Fill::Listed))
+                .map(|(k, s)| (k.clone(), s.generation))
+                .collect(),
+            namespaces: self
+                .namespaces
+                .iter()
+                .filter(|(_, s)| matches!(s.fill, Fill::Listed))
+                .map(|(k, s)| (k.clone(), s.generation))
+                .collect(),
+        }
+    }
+
+    /// Whether a change would be kept: its Cluster (a KubeadmConfig: its namespace) is served.
+    pub fn wants(&self, change: &Change) -> bool {
+        match (change.kind, &change.cluster_name) {
+            (Kind::KubeadmConfig, _) => self.namespaces.contains_key(&change.namespace),
+            (_, Some(cluster)) => self.is_served(&change.namespace, cluster),
+            (_, None) => false,
+        }
+    }
+
+    /// Whether the Cluster is served (listed or filling).
+    pub fn is_served(&self, namespace: &str, name: &str) -> bool {
+        self.clusters.contains_key(&format!("{namespace}/{name}"))
+    }
+
+    /// After the watch listed everything again (it lost its place; `all` is what it listed of
+    /// the served Clusters): that replaces `kind`'s objects of every slot listed at `mark`, and
+    /// is merged into the others (filling, or gained and filled since).
+    pub fn relisted(&mut self, kind: Kind, all: Vec<Change>, mark: &RelistMark) {
+        if kind == Kind::KubeadmConfig {
+            let mut by_namespace: HashMap<String, Vec<(String, Listed<KubeadmConfigView>)>> = HashMap::new();
+            for change in all {
+                if let Some(Object::KubeadmConfig(v)) = change.view {
+                    by_namespace
+                        .entry(change.namespace)
+                        .or_default()
+                        .push((change.name, (change.resource_version, v)));
+                }
+            }
+            for (namespace, slot) in &mut self.namespaces {
+                let listed = by_namespace.remove(namespace).unwrap_or_default();
+                let replace = mark.namespaces.contains(&(namespace.clone(), slot.generation));
+                match &slot.fill {
+                    Fill::Listed if !replace => {
+                        merge(&mut slot.configs, &Tombstones::new(), kind, listed);
+                    }
+                    Fill::Listed => {
+                        slot.configs.clear();
+                        merge(&mut slot.configs, &Tombstones::new(), kind, listed);
+                    }
+                    Fill::Filling(tombstones) => merge(&mut slot.configs, tombstones, kind, listed),
+                }
+            }
+            return;
+        }
+        let mut machines: HashMap<String, Vec<(String, Listed<MachineView>)>> = HashMap::new();
+        let mut pools: HashMap<String, Vec<(String, Listed<MachinePoolView>)>> = HashMap::new();
+        for change in all {
+            let Some(cluster) = &change.cluster_name else { continue };
+            let key = format!("{}/{cluster}", change.namespace);
+            match change.view {
+                Some(Object::Machine(v)) => machines
+                    .entry(key)
+                    .or_default()
+                    .push((change.name, (change.resource_version, v))),
+                Some(Object::MachinePool(v)) => pools
+                    .entry(key)
+                    .or_default()
+                    .push((change.name, (change.resource_version, v))),
+                _ => {}
+            }
+        }
+        for (key, slot) in &mut self.clusters {
+            let listed_now =
+                matches!(slot.fill, Fill::Listed) && mark.clusters.contains(&(key.clone(), slot.generation));
+            let empty = Tombstones::new();
+            let tombstones = match &slot.fill {
+                Fill::Filling(t) => t,
+                Fill::Listed => &empty,
+            };
+            match kind {
+                Kind::Machine => {
+                    if listed_now {
+                        slot.machines.clear();
+                    }
+                    merge(
+                        &mut slot.machines,
+                        tombstones,
+                        kind,
+                        machines.remove(key).unwrap_or_default(),
+                    );
+                }
+                _ => {
+                    if listed_now {
+                        slot.pools.clear();
+                    }
+                    merge(&mut slot.pools, tombstones, kind, pools.remove(key).unwrap_or_default());
+                }
+            }
+        }
+    }
+
+    /// The Cluster's Machines and MachinePools and its namespace's KubeadmConfigs, once both
+    /// are listed; `None` while it is filling or not served.
+    pub fn inventory(&self, namespace: &str, name: &str) -> Option<Inventory> {
+        let slot = self.clusters.get(&format!("{namespace}/{name}"))?;
+        let ns = self.namespaces.get(namespace)?;
+        if !matches!((&slot.fill, &ns.fill), (Fill::Listed, Fill::Listed)) {
+            return None;
+        }
+        Some(Inventory {
+            machines: slot.machines.values().map(|e| Arc::clone(&e.view)).collect(),
+            pools: slot.pools.values().map(|e| Arc::clone(&e.view)).collect(),
+            kubeadm_configs: ns.configs.values().map(|e| Arc::clone(&e.view)).collect(),
+        })
+    }
+
+    /// Whether the Cluster is served and listed.
+    pub fn listed(&self, namespace: &str, name: &str) -> bool {
+        let listed = |fill: &Fill| matches!(fill, Fill::Listed);
+        self.clusters
+            .get(&format!("{namespace}/{name}"))
+            .is_some_and(|s| listed(&s.fill))
+            && self.namespaces.get(namespace).is_some_and(|n| listed(&n.fill))
+    }
+
+    /// Objects kept, by [`Kind::ALL`].
+    pub fn counts(&self) -> [usize; 3] {
+        [
+            self.clusters.values().map(|s| s.machines.len()).sum(),
+            self.clusters.values().map(|s| s.pools.len()).sum(),
+            self.namespaces.values().map(|n| n.configs.len()).sum(),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn machine(name: &str, cluster: &str, provider_id: &str) -> MachineView {
+        MachineView::from_object(&json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "spec": {"clusterName": cluster, "providerID": provider_id},
+        }))
+        .unwrap()
+    }
+
+    fn config(name: &str) -> KubeadmConfigView {
+        KubeadmConfigView::from_object(&json!({
+            "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+        }))
+        .unwrap()
+    }
+
+    fn change(name: &str, cluster: &str, rv: u64, provider_id: Option<&str>) -> Change {
+        Change {
+            kind: Kind::Machine,
+            namespace: "ns".into(),
+            name: name.into(),
+            cluster_name: Some(cluster.into()),
+            resource_version: Some(rv),
+            view: provider_id.map(|p| Object::Machine(machine(name, cluster, p))),
+        }
+    }
+
+    fn config_change(name: &str, rv: u64, present: bool) -> Change {
+        Change {
+            kind: Kind::KubeadmConfig,
+            namespace: "ns".into(),
+            name: name.into(),
+            cluster_name: None,
+            resource_version: Some(rv),
+            view: present.then(|| Object::KubeadmConfig(config(name))),
+        }
+    }
+
+    fn serve(store: &mut ShardStore, clusters: &[&str]) -> Served {
+        let list: Vec<(String, String)> = clusters.iter().map(|c| ("ns".to_owned(), (*c).to_owned())).collect();
+        store.serve(&list)
+    }
+
+    fn provider_ids(inventory: &Inventory) -> Vec<String> {
+        let mut ids: Vec<String> = inventory
+            .machines
+            .iter()
+            .filter_map(|m| m.provider_id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Serves `cluster` and fills it (and its namespace) with nothing listed.
+    fn listed_empty(store: &mut ShardStore, clusters: &[&str]) {
+        serve(store, clusters);
+        for c in clusters {
+            store.fill("ns", c, Vec::new(), Vec::new());
+        }
+        store.fill_namespace("ns", Vec::new());
+    }
+
+    #[test]
+    fn objects_of_clusters_not_served_are_dropped_on_arrival() {
+        let mut store = ShardStore::default();
+        listed_empty(&mut store, &["mine"]);
+        assert!(store.apply(change("a", "mine", 5, Some("p-a"))));
+        assert!(!store.apply(change("b", "theirs", 6, Some("p-b"))));
+        assert!(!store.apply(change("c", "", 7, None)));
+        assert_eq!(store.counts(), [1, 0, 0]);
+        assert_eq!(provider_ids(&store.inventory("ns", "mine").unwrap()), ["p-a"]);
+        assert!(store.inventory("ns", "theirs").is_none());
+    }
+
+    #[test]
+    fn a_gained_cluster_answers_nothing_until_its_objects_and_its_namespace_are_listed() {
+        let mut store = ShardStore::default();
+        let served = serve(&mut store, &["mine"]);
+        assert_eq!(served.gained, [("ns".to_owned(), "mine".to_owned())]);
+        assert_eq!(served.namespaces, ["ns"]);
+        assert!(store.apply(change("a", "mine", 5, Some("p-a"))));
+        assert!(store.inventory("ns", "mine").is_none(), "filling");
+        assert!(store.fill(
+            "ns",
+            "mine",
+            vec![("b".into(), (Some(3), machine("b", "mine", "p-b")))],
+            Vec::new()
+        ));
+        assert!(
+            store.inventory("ns", "mine").is_none(),
+            "its namespace's KubeadmConfigs are not listed yet"
+        );
+        assert!(!store.listed("ns", "mine"));
+        assert!(store.fill_namespace("ns", vec![("kc".into(), (Some(2), config("kc")))]));
+        let inventory = store.inventory("ns", "mine").unwrap();
+        assert_eq!(provider_ids(&inventory), ["p-a", "p-b"]);
+        assert_eq!(inventory.kubeadm_configs.len(), 1);
+        assert!(store.listed("ns", "mine"));
+        // A second Cluster in a listed namespace needs only its own list.
+        let served = serve(&mut store, &["mine", "second"]);
+        assert!(served.namespaces.is_empty());
+        assert!(store.fill("ns", "second", Vec::new(), Vec::new()));
+        assert!(store.listed("ns", "second"));
+    }
+
+    #[test]
+    fn a_list_never_replaces_a_newer_watched_version_nor_brings_back_a_deleted_object() {
+        let mut store = ShardStore::default();
+        serve(&mut store, &["mine"]);
+        // While the list is on its way: a newer version of a, and c deleted.
+        store.apply(change("a", "mine", 20, Some("p-a-new")));
+        store.apply(change("c", "mine", 21, None));
+        store.fill(
+            "ns",
+            "mine",
+            vec![
+                ("a".into(), (Some(10), machine("a", "mine", "p-a-old"))),
+                ("b".into(), (Some(11), machine("b", "mine", "p-b"))),
+                ("c".into(), (Some(12), machine("c", "mine", "p-c"))),
+            ],
+            Vec::new(),
+        );
+        store.fill_namespace("ns", Vec::new());
+        assert_eq!(
+            provider_ids(&store.inventory("ns", "mine").unwrap()),
+            ["p-a-new", "p-b"]
+        );
+        // A list newer than what the watch left wins; one recreated after its deletion too.
+        let mut store = ShardStore::default();
+        serve(&mut store, &["mine"]);
+        store.apply(change("a", "mine", 5, Some("p-a-old")));
+        store.apply(change("c", "mine", 6, None));
+        store.fill(
+            "ns",
+            "mine",
+            vec![
+                ("a".into(), (Some(9), machine("a", "mine", "p-a-new"))),
+                ("c".into(), (Some(8), machine("c", "mine", "p-c-again"))),
+            ],
+            Vec::new(),
+        );
+        store.fill_namespace("ns", Vec::new());
+        assert_eq!(
+            provider_ids(&store.inventory("ns", "mine").unwrap()),
+            ["p-a-new", "p-c-again"]
+        );
+        // Versions that are not numbers: what the watch delivered stays.
+        let mut store = ShardStore::default();
+        serve(&mut store, &["mine"]);
+        let mut unversioned = change("a", "mine", 0, Some("p-a-watched"));
+        unversioned.resource_version = None;
+        store.apply(unversioned);
+        store.fill(
+            "ns",
+            "mine",
+            vec![("a".into(), (Some(9), machine("a", "mine", "p-a-listed")))],
+            Vec::new(),
+        );
+        store.fill_namespace("ns", Vec::new());
+        assert_eq!(provider_ids(&store.inventory("ns", "mine").unwrap()), ["p-a-watched"]);
+    }
+
+    #[test]
+    fn a_release_drops_the_clusters_objects_and_the_namespaces_configs_with_its_last_cluster() {
+        let mut store = ShardStore::default();
+        listed_empty(&mut store, &["one", "two"]);
+        store.apply(change("a", "one", 5, Some("p-a")));
+        store.apply(change("b", "two", 6, Some("p-b")));
+        store.apply(config_change("kc", 7, true));
+        assert_eq!(store.counts(), [2, 0, 1]);
+        let served = serve(&mut store, &["two"]);
+        assert_eq!(served.released, ["ns/one"]);
+        assert_eq!(store.counts(), [1, 0, 1], "the namespace still has a served Cluster");
+        assert!(store.inventory("ns", "one").is_none());
+        serve(&mut store, &[]);
+        assert_eq!(store.counts(), [0, 0, 0]);
+        // Gained again: filling again, listed again from scratch.
+        let served = serve(&mut store, &["one"]);
+        assert_eq!(served.namespaces, ["ns"]);
+        assert!(store.inventory("ns", "one").is_none());
+        assert!(!store.fill("ns", "gone", Vec::new(), Vec::new()), "not served: dropped");
+    }
+
+    #[test]
+    fn a_relist_replaces_listed_clusters_objects_and_merges_into_filling_ones() {
+        let mut store = ShardStore::default();
+        listed_empty(&mut store, &["one"]);
+        store.apply(change("a", "one", 5, Some("p-a")));
+        store.apply(change("gone", "one", 6, Some("p-gone")));
+        serve(&mut store, &["one", "two"]);
+        store.apply(change("b", "two", 30, Some("p-b-new")));
+        let mark = store.relist_mark();
+        store.relisted(
+            Kind::Machine,
+            vec![
+                change("a", "one", 25, Some("p-a")),
+                change("b", "two", 20, Some("p-b-old")),
+                change("x", "other", 20, Some("p-x")),
+            ],
+            &mark,
+        );
+        assert_eq!(
+            provider_ids(&store.inventory("ns", "one").unwrap()),
+            ["p-a"],
+            "gone was deleted meanwhile"
+        );
+        store.fill("ns", "two", Vec::new(), Vec::new());
+        assert_eq!(provider_ids(&store.inventory("ns", "two").unwrap()), ["p-b-new"]);
+        store.apply(config_change("kc", 3, true));
+        let mark = store.relist_mark();
+        store.relisted(Kind::KubeadmConfig, vec![config_change("kc2", 4, true)], &mark);
+        assert_eq!(store.counts(), [2, 0, 1]);
+        // A Cluster gained and filled while the relist streamed keeps what its own list gave.
+        let mut store = ShardStore::default();
+        listed_empty(&mut store, &["one"]);
+        let mark = store.relist_mark();
+        serve(&mut store, &["one", "late"]);
+        store.fill(
+            "ns",
+            "late",
+            vec![("l".into(), (Some(40), machine("l", "late", "p-l")))],
+            Vec::new(),
+        );
+        store.relisted(Kind::Machine, vec![change("a", "one", 41, Some("p-a"))], &mark);
+        assert_eq!(provider_ids(&store.inventory("ns", "late").unwrap()), ["p-l"]);
+        assert_eq!(provider_ids(&store.inventory("ns", "one").unwrap()), ["p-a"]);
+        // One released and gained again meanwhile is a new slot: not replaced either.
+        let mark = store.relist_mark();
+        serve(&mut store, &["late"]);
+        serve(&mut store, &["late", "one"]);
+        store.fill(
+            "ns",
+            "one",
+            vec![("b".into(), (Some(50), machine("b", "one", "p-b")))],
+            Vec::new(),
+        );
+        store.relisted(Kind::Machine, vec![change("a", "one", 41, Some("p-a"))], &mark);
+        assert_eq!(provider_ids(&store.inventory("ns", "one").unwrap()), ["p-a", "p-b"]);
+    }
+
+    #[test]
+    fn a_machine_moved_to_another_cluster_leaves_the_first() {
+        let mut store = ShardStore::default();
+        listed_empty(&mut store, &["one", "two"]);
+        store.apply(change("a", "one", 5, Some("p-a")));
+        store.apply(change("a", "two", 6, Some("p-a")));
+        assert!(store.inventory("ns", "one").unwrap().machines.is_empty());
+        assert_eq!(provider_ids(&store.inventory("ns", "two").unwrap()), ["p-a"]);
+        // Moved to a Cluster not served here: gone from here.
+        store.apply(change("a", "elsewhere", 7, Some("p-a")));
+        assert_eq!(store.counts(), [0, 0, 0]);
+    }
+}
