@@ -1,0 +1,294 @@
+//! Memory harness (a benchmark, not a test; issue 20): what a replica keeps per Cluster API
+//! object, and whether memory follows the shard.
+//!
+//! One management apiserver from `KUBEBUILDER_ASSETS` holds `--clusters` Clusters (their
+//! workload cluster is that same apiserver: none carries load) with `--machines` Machines in
+//! all, each with its own KubeadmConfig, shaped as Cluster API writes them (labels, owner
+//! references, conditions, addresses, a claim). Then, each on fresh processes of one binary:
+//!
+//! 1. **baseline**: one replica (`--leader-elect=false`), no Cluster opted in;
+//! 2. **single**: one replica, every Cluster opted in;
+//! 3. **shard**: `--replicas` `--coordination=shard` replicas, every Cluster opted in.
+//!
+//! Each run waits until every Cluster is served (`node_attestation_clusters{state="Ready"}`) and,
+//! where the binary exports it, `node_attestation_cached_objects` holds the fleet, then
+//! `--settle` more, and reads `VmRSS` and `VmHWM`. It prints bytes per cached Machine (with its
+//! KubeadmConfig) as (single - baseline) / machines, each shard replica's peak above the
+//! baseline against the single replica's (goal 0.45), and the projection to 1,000,000 Machines
+//! at 3 replicas.
+//!
+//! ```sh
+//! cargo build --release -p signer -p tests --bin signer-memory --bin node-attestation-signer
+//! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-memory --machines 30000
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use serde_json::{Value, json};
+use tests::envtest::Envtest;
+use tests::live::{self, Signer, apply};
+use tests::stats::proc_status_kib;
+
+/// The issue's goals.
+const GOAL_BYTES_PER_MACHINE: f64 = 1024.0;
+const GOAL_SHARD_RATIO: f64 = 0.45;
+const GOAL_MILLION_GIB: f64 = 1.0;
+const NAMESPACE: &str = "fleet";
+
+#[derive(Parser)]
+#[command(about = "Memory harness for node-attestation-signer (issue 20)")]
+struct Args {
+    /// Machines in all (each with its own KubeadmConfig).
+    #[arg(long, default_value_t = 30_000)]
+    machines: usize,
+    /// Clusters they are spread over.
+    #[arg(long, default_value_t = 30)]
+    clusters: usize,
+    /// Replicas of the shard run.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Objects written at once while the fleet is created.
+    #[arg(long, default_value_t = 64)]
+    parallel: usize,
+    /// Seconds to wait, once served, before RSS is read.
+    #[arg(long, default_value_t = 10)]
+    settle: u64,
+    /// Seconds a run may take to serve the fleet.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    /// The signer binary (default: next to this one).
+    #[arg(long)]
+    signer_bin: Option<PathBuf>,
+    /// Skip the shard run.
+    #[arg(long)]
+    no_shard: bool,
+}
+
+fn machine(cluster: &str, index: usize) -> Value {
+    let name = format!("{cluster}-md-0-7d9f8b6c4x-{index:05}");
+    let pid = format!("aws:///us-east-1a/i-0{:016x}", (index as u64) * 7919 + cluster.len() as u64);
+    let claim = json!({"nodeName": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256),
+                       "providerID": pid, "csrUID": "7d1c1f9e-2c4b-4f7a-9a58-0f3f5d7b9e21", "claimedAt": "2026-11-25T10:00:00Z"});
+    json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {
+            "name": name, "namespace": NAMESPACE,
+            "labels": {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": format!("{cluster}-md-0"),
+                       "cluster.x-k8s.io/set-name": format!("{cluster}-md-0-7d9f8b6c4x"), "machine-template-hash": "3851462708"},
+            "annotations": {"cluster.x-k8s.io/kubelet-claim": claim.to_string(),
+                            "controlplane.cluster.x-k8s.io/kubeadm-cluster-configuration": "{\"etcd\":{},\"networking\":{},\"apiServer\":{},\"controllerManager\":{},\"scheduler\":{},\"dns\":{}}"},
+            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": format!("{cluster}-md-0-7d9f8b6c4x"),
+                                 "uid": "0b6c1a5e-8f0e-4d3c-9c7b-2a1e5f4d3c2b", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {
+            "clusterName": cluster, "providerID": pid, "version": "v1.32.13",
+            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name}},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": name}
+        },
+        "status": {
+            "initialization": {"bootstrapDataSecretCreated": true, "infrastructureProvisioned": true},
+            "addresses": [
+                {"type": "InternalIP", "address": format!("10.{}.{}.{}", index / 65536 % 256, index / 256 % 256, index % 256)},
+                {"type": "InternalDNS", "address": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256)},
+                {"type": "Hostname", "address": format!("ip-10-{}-{}-{}", index / 65536 % 256, index / 256 % 256, index % 256)}
+            ],
+            "nodeRef": {"name": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256)},
+            "phase": "Running",
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "Available", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "UpToDate", "status": "True", "reason": "UpToDate", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "InfrastructureReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "NodeHealthy", "status": "True", "reason": "NodeHealthy", "lastTransitionTime": "2026-11-25T10:00:00Z"}
+            ]
+        }
+    })
+}
+
+fn kubeadm_config(cluster: &str, index: usize) -> Value {
+    let name = format!("{cluster}-md-0-7d9f8b6c4x-{index:05}");
+    json!({
+        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
+        "metadata": {"name": name, "namespace": NAMESPACE,
+                     "labels": {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": format!("{cluster}-md-0")}},
+        "spec": {"joinConfiguration": {
+            "discovery": {"bootstrapToken": {"apiServerEndpoint": "10.0.0.1:6443", "token": "abcdef.0123456789abcdef",
+                                             "caCertHashes": ["sha256:4d2b6f1e8a7c9d3e5f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6a"]}},
+            "nodeRegistration": {"name": "{{ ds.meta_data.local_hostname }}", "kubeletExtraArgs": [{"name": "provider-id", "value": "aws:///{{ ds.meta_data.placement.availability_zone }}/{{ ds.meta_data.instance_id }}"}]}
+        }}
+    })
+}
+
+/// One run's processes and readings.
+struct Reading {
+    rss_kib: Vec<u64>,
+    hwm_kib: Vec<u64>,
+    cached_machines: Vec<f64>,
+    served_in: Duration,
+}
+
+async fn set_opt_in(management: &Client, clusters: usize, on: bool) {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Cluster"));
+    let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(management.clone(), NAMESPACE, &resource);
+    for i in 0..clusters {
+        let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/kubelet-authentication": if on { "true" } else { "false" }}}});
+        api.patch(&format!("{NAMESPACE}-{i}"), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("opt-in patch");
+    }
+}
+
+/// Starts `replicas` processes (one: `--leader-elect=false`), waits until `served` Clusters
+/// are Ready across them and (`expect_machines`) the Machines are cached, settles, reads memory.
+async fn run(args: &Args, env: &Envtest, replicas: usize, served: usize, expect_machines: Option<usize>) -> Reading {
+    let binary = args.signer_bin.clone().unwrap_or_else(|| {
+        let me = std::env::current_exe().expect("current exe");
+        me.with_file_name("node-attestation-signer")
+    });
+    let mut signers = Vec::new();
+    for r in 0..replicas {
+        let name = format!("r{r}");
+        let flags: Vec<&str> = if replicas == 1 {
+            vec!["--leader-elect=false"]
+        } else {
+            vec!["--coordination", "shard", "--replica-name", &name]
+        };
+        signers.push(Signer::start_with_defaults(Path::new(&binary), env, &flags).await);
+    }
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.timeout);
+    loop {
+        let texts: Vec<String> = signers.iter().map(Signer::metrics).collect();
+        let ready: f64 = texts
+            .iter()
+            .map(|t| live::metric(t, "node_attestation_clusters{state=\"Ready\"}"))
+            .sum();
+        let cached: f64 = texts
+            .iter()
+            .map(|t| live::metric(t, "node_attestation_cached_objects{kind=\"Machine\"}"))
+            .sum();
+        let exported = texts.iter().any(|t| t.contains("node_attestation_cached_objects"));
+        let machines_ok = match expect_machines {
+            Some(n) if exported => cached as usize == n,
+            _ => true,
+        };
+        // The Cluster gauges appear with the first reconcile, once the caches have listed.
+        let reconciled = texts.iter().all(|t| t.contains("node_attestation_clusters{state=\"Ready\"}"));
+        if reconciled && ready as usize == served && machines_ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served within --timeout: Ready {ready} of {served}, cached Machines {cached}\n{}",
+            signers[0].log().lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let served_in = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(args.settle)).await;
+    let pids: Vec<u32> = signers.iter().map(|s| s.pid().expect("pid")).collect();
+    let reading = Reading {
+        rss_kib: pids.iter().map(|p| proc_status_kib(*p, "VmRSS").unwrap_or(0)).collect(),
+        hwm_kib: pids.iter().map(|p| proc_status_kib(*p, "VmHWM").unwrap_or(0)).collect(),
+        cached_machines: signers
+            .iter()
+            .map(|s| live::metric(&s.metrics(), "node_attestation_cached_objects{kind=\"Machine\"}"))
+            .collect(),
+        served_in,
+    };
+    for mut s in signers {
+        s.terminate();
+    }
+    reading
+}
+
+fn print(what: &str, r: &Reading) {
+    let list = |v: &[u64]| v.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect::<Vec<_>>().join(" / ");
+    println!(
+        "{what:<10} served in {:>6.1} s   RSS {:>22} MiB   peak (VmHWM) {:>22} MiB   cached Machines {:?}",
+        r.served_in.as_secs_f64(),
+        list(&r.rss_kib),
+        list(&r.hwm_kib),
+        r.cached_machines
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let env = Envtest::start("signer-memory");
+    env.install_capi_crds();
+    let management = live::client(&env.admin_kubeconfig).await;
+    let created = Instant::now();
+    let first = live::quiet_clusters(env, &management, NAMESPACE, args.clusters).await;
+    set_opt_in(&management, args.clusters, false).await;
+    let per_cluster = args.machines.div_ceil(args.clusters);
+    let objects: Vec<Value> = (0..args.machines)
+        .flat_map(|i| {
+            let cluster = format!("{NAMESPACE}-{}", i / per_cluster);
+            [kubeadm_config(&cluster, i), machine(&cluster, i)]
+        })
+        .collect();
+    let sample = serde_json::to_vec(&objects[1]).map(|v| v.len()).unwrap_or(0);
+    futures::stream::iter(objects.iter().map(|o| apply(&management, o)))
+        .buffer_unordered(args.parallel.max(1))
+        .collect::<Vec<_>>()
+        .await;
+    println!(
+        "fleet: {} Clusters, {} Machines and {} KubeadmConfigs (a Machine is {} bytes of JSON) created in {:.0} s",
+        args.clusters,
+        args.machines,
+        args.machines,
+        sample,
+        created.elapsed().as_secs_f64()
+    );
+    let env = &first.env;
+
+    let baseline = run(&args, env, 1, 0, None).await;
+    print("baseline", &baseline);
+    set_opt_in(&management, args.clusters, true).await;
+    let single = run(&args, env, 1, args.clusters, Some(args.machines)).await;
+    print("single", &single);
+    let shard = if args.no_shard {
+        None
+    } else {
+        let r = run(&args, env, args.replicas, args.clusters, Some(args.machines)).await;
+        print("shard", &r);
+        Some(r)
+    };
+
+    let base_rss = baseline.rss_kib[0] as f64 * 1024.0;
+    let base_hwm = baseline.hwm_kib[0] as f64 * 1024.0;
+    let per_machine = (single.rss_kib[0] as f64 * 1024.0 - base_rss) / args.machines as f64;
+    println!(
+        "bytes per cached Machine (with its KubeadmConfig), (single RSS - baseline RSS) / machines: {per_machine:.0} (goal {GOAL_BYTES_PER_MACHINE:.0}: {})",
+        if per_machine <= GOAL_BYTES_PER_MACHINE { "met" } else { "NOT met" }
+    );
+    let single_above = single.hwm_kib[0] as f64 * 1024.0 - base_hwm;
+    if let Some(shard) = &shard {
+        let ratios: Vec<f64> = shard
+            .hwm_kib
+            .iter()
+            .map(|h| (*h as f64 * 1024.0 - base_hwm) / single_above)
+            .collect();
+        let worst = ratios.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "each shard replica's peak above the baseline / the single replica's: {} (worst {worst:.2}, goal {GOAL_SHARD_RATIO}: {})",
+            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", "),
+            if worst <= GOAL_SHARD_RATIO { "met" } else { "NOT met" }
+        );
+    }
+    let million = (base_hwm + per_machine * 1_000_000.0 / 3.0) / (1024.0 * 1024.0 * 1024.0);
+    println!(
+        "projection, 1,000,000 Machines at 3 replicas: baseline peak + per-Machine bytes x 333,334 = {million:.2} GiB per replica (goal {GOAL_MILLION_GIB} GiB: {})",
+        if million < GOAL_MILLION_GIB { "met" } else { "NOT met" }
+    );
+}
