@@ -209,7 +209,7 @@ pub struct Management {
 /// Namespace LISTs of gained Clusters at once.
 const FILLS_AT_ONCE: usize = 16;
 /// Objects per page of a namespace LIST: a large namespace is never held as one answer.
-const FILL_PAGE: u32 = 500;
+const FILL_PAGE: u32 = 250;
 
 impl Management {
     /// Starts the watches, in `namespace` or in all namespaces.
@@ -315,38 +315,12 @@ impl Management {
                 return;
             };
             let started = std::time::Instant::now();
-            match self.list_namespace(&namespace, &clusters, configs).await {
-                Ok((machines, pools, listed_configs)) => {
-                    let mut shard = write(&self.shard);
-                    let mut machines_of: HashMap<String, Vec<(String, Listed<MachineView>)>> = HashMap::new();
-                    for (name, (rv, view)) in machines {
-                        machines_of
-                            .entry(view.cluster_name.clone())
-                            .or_default()
-                            .push((name, (rv, view)));
-                    }
-                    let mut pools_of: HashMap<String, Vec<(String, Listed<MachinePoolView>)>> = HashMap::new();
-                    for (name, (rv, view)) in pools {
-                        pools_of
-                            .entry(view.cluster_name.clone())
-                            .or_default()
-                            .push((name, (rv, view)));
-                    }
-                    for cluster in &clusters {
-                        shard.fill(
-                            &namespace,
-                            cluster,
-                            machines_of.remove(cluster).unwrap_or_default(),
-                            pools_of.remove(cluster).unwrap_or_default(),
-                        );
-                    }
-                    if let Some(listed) = listed_configs {
-                        shard.fill_namespace(&namespace, listed);
-                    }
-                    drop(shard);
+            match self.fill_namespace(&namespace, &clusters, configs).await {
+                Ok(objects) => {
                     tracing::info!(
                         namespace = %namespace,
                         clusters = ?clusters,
+                        objects,
                         ms = started.elapsed().as_millis() as u64,
                         "listed the Cluster API objects of gained Clusters"
                     );
@@ -367,47 +341,73 @@ impl Management {
         }
     }
 
-    /// Machines and MachinePools of `clusters` in `namespace`, and its KubeadmConfigs when
-    /// `configs`: consistent reads, so never older than what the watches delivered before.
-    #[allow(clippy::type_complexity)]
-    async fn list_namespace(
-        &self,
-        namespace: &str,
-        clusters: &[String],
-        configs: bool,
-    ) -> Result<
-        (
-            Vec<(String, Listed<MachineView>)>,
-            Vec<(String, Listed<MachinePoolView>)>,
-            Option<Vec<(String, Listed<KubeadmConfigView>)>>,
-        ),
-        kube::Error,
-    > {
-        let ours = |cluster: &str| clusters.iter().any(|c| c == cluster);
-        let machines = list_views(
+    /// Lists the Machines and MachinePools of `clusters` in `namespace` (and its KubeadmConfigs
+    /// when `configs`), merging each page as it comes: consistent reads, so never older than
+    /// what the watches delivered before. A Cluster released meanwhile drops its pages. Returns
+    /// the objects merged.
+    async fn fill_namespace(&self, namespace: &str, clusters: &[String], configs: bool) -> Result<usize, kube::Error> {
+        let mut merged = 0;
+        for_each_page(
             &self.client,
             &self.machine_resource,
             namespace,
             MachineView::from_object,
+            |page| {
+                let mut shard = write(&self.shard);
+                for cluster in clusters {
+                    let mine: Vec<_> = page
+                        .iter()
+                        .filter(|(_, (_, m))| &m.cluster_name == cluster)
+                        .cloned()
+                        .collect();
+                    merged += mine.len();
+                    shard.fill_part(namespace, cluster, mine, Vec::new());
+                }
+            },
         )
-        .await?
-        .into_iter()
-        .filter(|(_, (_, m))| ours(&m.cluster_name))
-        .collect();
-        let pools = match &self.pool_resource {
-            Some(r) => list_views(&self.client, r, namespace, MachinePoolView::from_object)
-                .await?
-                .into_iter()
-                .filter(|(_, (_, p))| ours(&p.cluster_name))
-                .collect(),
-            None => Vec::new(),
-        };
-        let listed_configs = match (&self.config_resource, configs) {
-            (Some(r), true) => Some(list_views(&self.client, r, namespace, KubeadmConfigView::from_object).await?),
-            (None, true) => Some(Vec::new()),
-            (_, false) => None,
-        };
-        Ok((machines, pools, listed_configs))
+        .await?;
+        if let Some(resource) = &self.pool_resource {
+            for_each_page(
+                &self.client,
+                resource,
+                namespace,
+                MachinePoolView::from_object,
+                |page| {
+                    let mut shard = write(&self.shard);
+                    for cluster in clusters {
+                        let mine: Vec<_> = page
+                            .iter()
+                            .filter(|(_, (_, p))| &p.cluster_name == cluster)
+                            .cloned()
+                            .collect();
+                        merged += mine.len();
+                        shard.fill_part(namespace, cluster, Vec::new(), mine);
+                    }
+                },
+            )
+            .await?;
+        }
+        if configs {
+            if let Some(resource) = &self.config_resource {
+                for_each_page(
+                    &self.client,
+                    resource,
+                    namespace,
+                    KubeadmConfigView::from_object,
+                    |page| {
+                        merged += page.len();
+                        write(&self.shard).fill_namespace_part(namespace, page);
+                    },
+                )
+                .await?;
+            }
+            write(&self.shard).namespace_filled(namespace);
+        }
+        let mut shard = write(&self.shard);
+        for cluster in clusters {
+            shard.filled(namespace, cluster);
+        }
+        Ok(merged)
     }
 
     /// The Cluster's Machines, MachinePools and KubeadmConfigs, once listed (`None` before:
@@ -585,16 +585,17 @@ fn spawn_shard_feed(
     });
 }
 
-/// Every object of `resource` in `namespace` as views with their resourceVersion, listed in
-/// pages; unreadable ones are left out, as the watch leaves them out.
-async fn list_views<V>(
+/// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
+/// time to `each` (a large namespace is never held whole); unreadable ones are left out, as the
+/// watch leaves them out.
+async fn for_each_page<V>(
     client: &Client,
     resource: &ApiResource,
     namespace: &str,
     view: fn(&Value) -> Result<V, ObjectError>,
-) -> Result<Vec<(String, Listed<V>)>, kube::Error> {
+    mut each: impl FnMut(Vec<(String, Listed<V>)>),
+) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
-    let mut out = Vec::new();
     let mut token: Option<String> = None;
     loop {
         let mut params = ListParams::default().limit(FILL_PAGE);
@@ -602,12 +603,13 @@ async fn list_views<V>(
             params = params.continue_token(token);
         }
         let page = api.list(&params).await?;
+        let mut views = Vec::with_capacity(page.items.len());
         for object in &page.items {
             let Ok(value) = serde_json::to_value(object) else {
                 continue;
             };
             match view(&value) {
-                Ok(v) => out.push((
+                Ok(v) => views.push((
                     object.metadata.name.clone().unwrap_or_default(),
                     (
                         object
@@ -621,9 +623,10 @@ async fn list_views<V>(
                 Err(e) => tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable object"),
             }
         }
+        each(views);
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
-            return Ok(out);
+            return Ok(());
         }
     }
 }

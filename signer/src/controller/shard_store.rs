@@ -335,10 +335,24 @@ impl ShardStore {
         }
     }
 
-    /// Merges the list of a filling Cluster's Machines and MachinePools (those of its namespace
-    /// whose `spec.clusterName` is the Cluster's); it is listed once its namespace is too.
-    /// Returns false when the Cluster is no longer served or not filling (the list is dropped).
+    /// Merges the whole list of a filling Cluster's Machines and MachinePools (those of its
+    /// namespace whose `spec.clusterName` is the Cluster's) and marks it listed: [`Self::fill_part`]
+    /// and [`Self::filled`] at once.
+    #[cfg(test)]
     pub fn fill(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        machines: Vec<(String, Listed<MachineView>)>,
+        pools: Vec<(String, Listed<MachinePoolView>)>,
+    ) -> bool {
+        self.fill_part(namespace, name, machines, pools) && self.filled(namespace, name)
+    }
+
+    /// Merges one page of a filling Cluster's list; it stays filling. Returns false when it is
+    /// no longer served or not filling (the page is dropped: a Cluster released while its list
+    /// streams costs no more than the pages already merged).
+    pub fn fill_part(
         &mut self,
         namespace: &str,
         name: &str,
@@ -353,13 +367,30 @@ impl ShardStore {
         };
         merge(&mut slot.machines, tombstones, Kind::Machine, machines);
         merge(&mut slot.pools, tombstones, Kind::MachinePool, pools);
-        slot.fill = Fill::Listed;
         true
+    }
+
+    /// The filling Cluster's list is all merged: it is listed (answered for once its namespace
+    /// is too). Returns false when it is no longer served or not filling.
+    pub fn filled(&mut self, namespace: &str, name: &str) -> bool {
+        match self.clusters.get_mut(&format!("{namespace}/{name}")) {
+            Some(slot) if matches!(slot.fill, Fill::Filling(_)) => {
+                slot.fill = Fill::Listed;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Merges the list of a filling namespace's KubeadmConfigs. Returns false when no served
     /// Cluster is there any more or it is not filling.
+    #[cfg(test)]
     pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
+        self.fill_namespace_part(namespace, configs) && self.namespace_filled(namespace)
+    }
+
+    /// Merges one page of a filling namespace's KubeadmConfigs; it stays filling.
+    pub fn fill_namespace_part(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
         let Some(slot) = self.namespaces.get_mut(namespace) else {
             return false;
         };
@@ -367,8 +398,18 @@ impl ShardStore {
             return false;
         };
         merge(&mut slot.configs, tombstones, Kind::KubeadmConfig, configs);
-        slot.fill = Fill::Listed;
         true
+    }
+
+    /// The filling namespace's KubeadmConfigs are all merged.
+    pub fn namespace_filled(&mut self, namespace: &str) -> bool {
+        match self.namespaces.get_mut(namespace) {
+            Some(slot) if matches!(slot.fill, Fill::Filling(_)) => {
+                slot.fill = Fill::Listed;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The slots listed now, for [`ShardStore::relisted`].
@@ -618,6 +659,23 @@ mod tests {
         assert_eq!(provider_ids(&inventory), ["p-a", "p-b"]);
         assert_eq!(inventory.kubeadm_configs.len(), 1);
         assert!(store.listed("ns", "mine"));
+        // Pages: merged as they come, listed only at the end; a release drops the rest.
+        serve(&mut store, &["mine", "paged"]);
+        assert!(store.fill_part(
+            "ns",
+            "paged",
+            vec![("p1".into(), (Some(4), machine("p1", "paged", "p-1")))],
+            Vec::new()
+        ));
+        assert!(store.inventory("ns", "paged").is_none(), "one page is not the list");
+        assert!(store.filled("ns", "paged"));
+        assert_eq!(provider_ids(&store.inventory("ns", "paged").unwrap()), ["p-1"]);
+        serve(&mut store, &["mine"]);
+        assert!(
+            !store.fill_part("ns", "paged", Vec::new(), Vec::new()),
+            "released: pages dropped"
+        );
+        assert!(!store.filled("ns", "paged"));
         // A second Cluster in a listed namespace needs only its own list.
         let served = serve(&mut store, &["mine", "second"]);
         assert!(served.namespaces.is_empty());

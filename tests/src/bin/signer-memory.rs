@@ -73,7 +73,10 @@ struct Args {
 
 fn machine(cluster: &str, index: usize) -> Value {
     let name = format!("{cluster}-md-0-7d9f8b6c4x-{index:05}");
-    let pid = format!("aws:///us-east-1a/i-0{:016x}", (index as u64) * 7919 + cluster.len() as u64);
+    let pid = format!(
+        "aws:///us-east-1a/i-0{:016x}",
+        (index as u64) * 7919 + cluster.len() as u64
+    );
     let claim = json!({"nodeName": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256),
                        "providerID": pid, "csrUID": "7d1c1f9e-2c4b-4f7a-9a58-0f3f5d7b9e21", "claimedAt": "2026-11-25T10:00:00Z"});
     json!({
@@ -102,12 +105,12 @@ fn machine(cluster: &str, index: usize) -> Value {
             "nodeRef": {"name": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256)},
             "phase": "Running",
             "conditions": [
-                {"type": "Available", "status": "True", "reason": "Available", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "Ready", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "UpToDate", "status": "True", "reason": "UpToDate", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "InfrastructureReady", "status": "True", "reason": "Ready", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "NodeHealthy", "status": "True", "reason": "NodeHealthy", "lastTransitionTime": "2026-11-25T10:00:00Z"}
+                {"type": "Available", "status": "True", "reason": "Available", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "UpToDate", "status": "True", "reason": "UpToDate", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "InfrastructureReady", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
+                {"type": "NodeHealthy", "status": "True", "reason": "NodeHealthy", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"}
             ]
         }
     })
@@ -129,6 +132,10 @@ fn kubeadm_config(cluster: &str, index: usize) -> Value {
 
 /// One run's processes and readings.
 struct Reading {
+    /// Open watches of the management apiserver, by resource (`apiserver_longrunning_requests`).
+    watches: Vec<(String, f64)>,
+    /// kube-apiserver's RSS.
+    apiserver_rss_kib: u64,
     rss_kib: Vec<u64>,
     hwm_kib: Vec<u64>,
     cached_machines: Vec<f64>,
@@ -140,9 +147,13 @@ async fn set_opt_in(management: &Client, clusters: usize, on: bool) {
     let api: kube::Api<DynamicObject> = kube::Api::namespaced_with(management.clone(), NAMESPACE, &resource);
     for i in 0..clusters {
         let patch = json!({"metadata": {"annotations": {"cluster.x-k8s.io/kubelet-authentication": if on { "true" } else { "false" }}}});
-        api.patch(&format!("{NAMESPACE}-{i}"), &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("opt-in patch");
+        api.patch(
+            &format!("{NAMESPACE}-{i}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("opt-in patch");
     }
 }
 
@@ -181,7 +192,9 @@ async fn run(args: &Args, env: &Envtest, replicas: usize, served: usize, expect_
             _ => true,
         };
         // The Cluster gauges appear with the first reconcile, once the caches have listed.
-        let reconciled = texts.iter().all(|t| t.contains("node_attestation_clusters{state=\"Ready\"}"));
+        let reconciled = texts
+            .iter()
+            .all(|t| t.contains("node_attestation_clusters{state=\"Ready\"}"));
         if reconciled && ready as usize == served && machines_ok {
             break;
         }
@@ -195,7 +208,15 @@ async fn run(args: &Args, env: &Envtest, replicas: usize, served: usize, expect_
     let served_in = started.elapsed();
     tokio::time::sleep(Duration::from_secs(args.settle)).await;
     let pids: Vec<u32> = signers.iter().map(|s| s.pid().expect("pid")).collect();
+    let apiserver_metrics = String::from_utf8_lossy(&env.kubectl(&["get", "--raw", "/metrics"]).stdout).into_owned();
     let reading = Reading {
+        watches: watches(&apiserver_metrics),
+        apiserver_rss_kib: env
+            .pids()
+            .iter()
+            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kube-apiserver"))
+            .filter_map(|p| proc_status_kib(*p, "VmRSS"))
+            .sum(),
         rss_kib: pids.iter().map(|p| proc_status_kib(*p, "VmRSS").unwrap_or(0)).collect(),
         hwm_kib: pids.iter().map(|p| proc_status_kib(*p, "VmHWM").unwrap_or(0)).collect(),
         cached_machines: signers
@@ -210,14 +231,44 @@ async fn run(args: &Args, env: &Envtest, replicas: usize, served: usize, expect_
     reading
 }
 
+/// Open WATCH requests by resource, from kube-apiserver's `apiserver_longrunning_requests`.
+fn watches(metrics: &str) -> Vec<(String, f64)> {
+    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
+    {
+        let resource = line
+            .split("resource=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("?")
+            .to_owned();
+        let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *by.entry(resource).or_default() += value;
+    }
+    by.into_iter().filter(|(_, n)| *n > 0.0).collect()
+}
+
 fn print(what: &str, r: &Reading) {
-    let list = |v: &[u64]| v.iter().map(|k| format!("{:.1}", *k as f64 / 1024.0)).collect::<Vec<_>>().join(" / ");
+    let list = |v: &[u64]| {
+        v.iter()
+            .map(|k| format!("{:.1}", *k as f64 / 1024.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
     println!(
         "{what:<10} served in {:>6.1} s   RSS {:>22} MiB   peak (VmHWM) {:>22} MiB   cached Machines {:?}",
         r.served_in.as_secs_f64(),
         list(&r.rss_kib),
         list(&r.hwm_kib),
         r.cached_machines
+    );
+    println!(
+        "{:<10} management kube-apiserver RSS {:.0} MiB; its open watches by resource: {:?}",
+        "",
+        r.apiserver_rss_kib as f64 / 1024.0,
+        r.watches
     );
 }
 
@@ -270,7 +321,11 @@ async fn main() {
     let per_machine = (single.rss_kib[0] as f64 * 1024.0 - base_rss) / args.machines as f64;
     println!(
         "bytes per cached Machine (with its KubeadmConfig), (single RSS - baseline RSS) / machines: {per_machine:.0} (goal {GOAL_BYTES_PER_MACHINE:.0}: {})",
-        if per_machine <= GOAL_BYTES_PER_MACHINE { "met" } else { "NOT met" }
+        if per_machine <= GOAL_BYTES_PER_MACHINE {
+            "met"
+        } else {
+            "NOT met"
+        }
     );
     let single_above = single.hwm_kib[0] as f64 * 1024.0 - base_hwm;
     if let Some(shard) = &shard {
