@@ -12,6 +12,9 @@
 //! - `storm` (default): kube-controller-manager (`--kube-api-qps=1000 --kube-api-burst=2000`,
 //!   its CSR approver and signer) with 500 `kube-apiserver-client-kubelet` CSRs, then the signer
 //!   at default flags with 500 `insecure` CSRs; prints both rows and the ratios of issue 13.
+//!   With `--split`, the signer also runs as production splits it: the Machines on a management
+//!   apiserver with an etcd of its own, the CSRs on the workload apiserver; CPU per issued CSR
+//!   is then printed per process (each kube-apiserver and etcd apart) with issue 20's goals.
 //! - `fleet`: a lone workload cluster with 100 CSRs as the reference, then 50 workload clusters
 //!   with 100 CSRs each at once (their apiservers share one etcd); each cluster's p99 against
 //!   the lone one's.
@@ -65,6 +68,10 @@ struct Args {
     /// storm: also run kube-controller-manager with its default flags (client QPS 20).
     #[arg(long)]
     kcm_default: bool,
+    /// storm: also run the signer with the management cluster on an apiserver and etcd of its
+    /// own, apart from the workload apiserver the CSRs are filed at.
+    #[arg(long)]
+    split: bool,
     /// storm: further opted-in clusters the signer watches, all served by one extra, quiet
     /// apiserver.
     #[arg(long, default_value_t = 0)]
@@ -148,20 +155,76 @@ async fn storm(args: &Args) -> bool {
         .await;
     drop(world);
     runs.push(signer);
+    let split = if args.split {
+        let layout = Layout {
+            separate_management: true,
+            ..Layout::storm(args)
+        };
+        let world = SignerWorld::start(args, &layout).await;
+        let run = world
+            .measure(
+                args,
+                &format!("{}, management apart", signer_label(args)),
+                vec![world.joins(args.parallel)],
+            )
+            .await;
+        drop(world);
+        Some(run)
+    } else {
+        None
+    };
 
     println!(
         "\nstorm: {} P-256 bootstrap-token CSRs filed at once, fresh apiserver and etcd per row",
         args.csrs
     );
+    let shared_runs = runs.len();
+    runs.extend(split);
     print_table(&runs);
-    let signer = runs.last().expect("the signer's run");
-    if let Some(kcm) = runs.iter().rev().nth(1) {
-        print_ratios(signer, kcm);
-    } else {
-        print_rss_goal(signer);
+    let signer = &runs[shared_runs - 1];
+    let kcm = shared_runs.checked_sub(2).map(|i| &runs[i]);
+    match kcm {
+        Some(kcm) => print_ratios(signer, kcm),
+        None => print_rss_goal(signer),
+    }
+    if let (Some(split), Some(kcm)) = (runs.get(shared_runs), kcm) {
+        println!("
+management apart:");
+        print_ratios(split, kcm);
+        print_split_goals(split, kcm);
     }
     print_calls(&runs);
     report_wrong(&runs)
+}
+
+/// Issue 20's goals for the split storm: on the workload apiserver the signer's CPU per join at
+/// most kube-controller-manager's (whose one apiserver is its workload apiserver), its own
+/// process at most half of kube-controller-manager's; and what the claim costs the management
+/// side per join.
+fn print_split_goals(split: &Run, kcm: &Run) {
+    let per = |run: &Run, role: &str| 1000.0 * run.cpu.get(role).copied().unwrap_or(0.0) / run.issued().max(1) as f64;
+    let workload = per(split, "kube-apiserver (workload)");
+    let kcm_workload = per(kcm, "kube-apiserver (workload)");
+    print_ratio(
+        &format!("signer's workload kube-apiserver CPU per join {workload:.2} ms / kube-controller-manager's {kcm_workload:.2} ms"),
+        workload / kcm_workload.max(f64::EPSILON),
+        1.0,
+    );
+    let own = per(split, "controller");
+    let kcm_own = per(kcm, "controller");
+    print_ratio(
+        &format!("signer process CPU per join {own:.2} ms / kube-controller-manager process {kcm_own:.2} ms"),
+        own / kcm_own.max(f64::EPSILON),
+        0.5,
+    );
+    let management = per(split, "kube-apiserver (management)") + per(split, "etcd (management)");
+    let calls = split
+        .management_calls
+        .as_ref()
+        .map_or(0.0, |c| split.calls_per_issued(c));
+    println!(
+        "  the claim's cost on the management side per join: {management:.2} ms of kube-apiserver and etcd CPU, {calls:.2} API calls"
+    );
 }
 
 async fn fleet(args: &Args) -> bool {
@@ -344,6 +407,20 @@ struct Apiservers {
     counted: Vec<Client>,
     /// The management apiserver's admin when it is none of the loaded ones (also counted).
     management: Option<Client>,
+    /// Roles of the apiservers' and etcds' processes (`kube-apiserver (workload)`, ...), for
+    /// CPU per process.
+    roles: HashMap<u32, String>,
+}
+
+/// `kube-apiserver (<side>)` and `etcd (<side>)` for `env`'s processes.
+fn roles_of(env: &Envtest, side: &str) -> Vec<(u32, String)> {
+    env.pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            Some((pid, format!("{} ({side})", comm.trim())))
+        })
+        .collect()
 }
 
 /// API calls by `VERB resource[/subresource]`.
@@ -457,7 +534,9 @@ async fn measure(who: &str, apis: &Apiservers, waves: Vec<Wave>, pid: u32, timeo
             .copied()
             .unwrap_or(0.0),
         calls: without_own_calls(all_calls, apis.counted.len(), relists),
-        cpu: cpu_before.used_since(&cpu_after, |p, comm| Some(cpu_role(p, comm, pid))),
+        cpu: cpu_before.used_since(&cpu_after, |p, comm| {
+            Some(apis.roles.get(&p).cloned().unwrap_or_else(|| cpu_role(p, comm, pid)))
+        }),
         cores_busy: cpu_before.machine_busy_since(&cpu_after),
         management_calls: after
             .management
@@ -676,6 +755,7 @@ async fn kcm_storm(args: &Args, binary: &Path, who: &str, flags: &[&str]) -> Run
         loaded: vec![(admin.clone(), bootstrap)],
         counted: vec![admin],
         management: None,
+        roles: roles_of(&env, "workload").into_iter().collect(),
     };
     let wave = Wave::new(kubelet_filings(0, args.csrs, KUBELET_CLIENT_SIGNER), args.parallel);
     let run = measure(who, &apis, vec![wave], kcm.pid(), timeout(args)).await;
@@ -958,10 +1038,26 @@ impl SignerWorld {
             .chain(management.clone())
             .chain(self.idle.as_ref().map(|w| w.admin.clone()))
             .collect();
+        let mut roles: HashMap<u32, String> = HashMap::new();
+        let loaded_side = if self.management.is_some() {
+            "workload"
+        } else {
+            "workload and management"
+        };
+        for w in &self.workloads {
+            roles.extend(roles_of(&w.env, loaded_side));
+        }
+        if let Some((env, _)) = &self.management {
+            roles.extend(roles_of(env, "management"));
+        }
+        if let Some(idle) = &self.idle {
+            roles.extend(roles_of(&idle.env, "idle"));
+        }
         let apis = Apiservers {
             loaded,
             counted,
             management,
+            roles,
         };
         let run = measure(who, &apis, waves, self.pid(), timeout(args)).await;
         if !run.wrong.is_empty() {
@@ -1082,16 +1178,17 @@ fn print_table(runs: &[Run]) {
         "\nCPU per issued CSR over each window (/proc; the cores are shared, so a run whose cores are all busy is bound by CPU, not round trips):"
     );
     for run in runs {
-        let per_csr = |role: &str| 1000.0 * run.cpu.get(role).copied().unwrap_or(0.0) / run.issued().max(1) as f64;
-        let all: f64 = run.cpu.values().sum::<f64>() * 1000.0 / run.issued().max(1) as f64;
+        let issued = run.issued().max(1) as f64;
+        let all: f64 = run.cpu.values().sum::<f64>() * 1000.0 / issued;
+        let roles: Vec<String> = run
+            .cpu
+            .iter()
+            .map(|(role, seconds)| format!("{role} {:.1} ms", 1000.0 * seconds / issued))
+            .collect();
         println!(
-            "  {}: kube-apiserver {:.1} ms, etcd {:.1} ms, controller {:.1} ms, harness {:.1} ms, other {:.1} ms; all {all:.1} ms; cores busy {:.0}%",
+            "  {}: {}; all {all:.1} ms; cores busy {:.0}%",
             run.who,
-            per_csr("kube-apiserver"),
-            per_csr("etcd"),
-            per_csr("controller"),
-            per_csr("harness"),
-            per_csr("other"),
+            roles.join(", "),
             100.0 * run.cores_busy
         );
     }

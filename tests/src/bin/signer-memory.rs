@@ -69,6 +69,10 @@ struct Args {
     /// Skip the shard run.
     #[arg(long)]
     no_shard: bool,
+    /// Another build of the signer (an earlier commit) to run the same three runs with first,
+    /// on the same fleet, for a before/after comparison.
+    #[arg(long)]
+    before_bin: Option<PathBuf>,
 }
 
 fn machine(cluster: &str, index: usize) -> Value {
@@ -159,11 +163,14 @@ async fn set_opt_in(management: &Client, clusters: usize, on: bool) {
 
 /// Starts `replicas` processes (one: `--leader-elect=false`), waits until `served` Clusters
 /// are Ready across them and (`expect_machines`) the Machines are cached, settles, reads memory.
-async fn run(args: &Args, env: &Envtest, replicas: usize, served: usize, expect_machines: Option<usize>) -> Reading {
-    let binary = args.signer_bin.clone().unwrap_or_else(|| {
-        let me = std::env::current_exe().expect("current exe");
-        me.with_file_name("node-attestation-signer")
-    });
+async fn run(
+    args: &Args,
+    binary: &Path,
+    env: &Envtest,
+    replicas: usize,
+    served: usize,
+    expect_machines: Option<usize>,
+) -> Reading {
     let mut signers = Vec::new();
     for r in 0..replicas {
         let name = format!("r{r}");
@@ -280,7 +287,6 @@ async fn main() {
     let management = live::client(&env.admin_kubeconfig).await;
     let created = Instant::now();
     let first = live::quiet_clusters(env, &management, NAMESPACE, args.clusters).await;
-    set_opt_in(&management, args.clusters, false).await;
     let per_cluster = args.machines.div_ceil(args.clusters);
     let objects: Vec<Value> = (0..args.machines)
         .flat_map(|i| {
@@ -302,16 +308,30 @@ async fn main() {
         created.elapsed().as_secs_f64()
     );
     let env = &first.env;
+    let binary = args.signer_bin.clone().unwrap_or_else(|| {
+        let me = std::env::current_exe().expect("current exe");
+        me.with_file_name("node-attestation-signer")
+    });
+    if let Some(before) = &args.before_bin {
+        println!("before: {}", before.display());
+        three_runs(&args, before, env, &management).await;
+        println!("after: {}", binary.display());
+    }
+    three_runs(&args, &binary, env, &management).await;
+}
 
-    let baseline = run(&args, env, 1, 0, None).await;
+/// Baseline, single and shard runs of `binary`, and the figures.
+async fn three_runs(args: &Args, binary: &Path, env: &Envtest, management: &Client) {
+    set_opt_in(management, args.clusters, false).await;
+    let baseline = run(args, binary, env, 1, 0, None).await;
     print("baseline", &baseline);
-    set_opt_in(&management, args.clusters, true).await;
-    let single = run(&args, env, 1, args.clusters, Some(args.machines)).await;
+    set_opt_in(management, args.clusters, true).await;
+    let single = run(args, binary, env, 1, args.clusters, Some(args.machines)).await;
     print("single", &single);
     let shard = if args.no_shard {
         None
     } else {
-        let r = run(&args, env, args.replicas, args.clusters, Some(args.machines)).await;
+        let r = run(args, binary, env, args.replicas, args.clusters, Some(args.machines)).await;
         print("shard", &r);
         Some(r)
     };
