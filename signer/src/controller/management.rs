@@ -24,7 +24,7 @@ use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
-use super::shard_store::{Change, Kind, Listed, Object, ShardStore};
+use super::shard_store::{Change, Kind, Listed, Object, ShardStore, Ticket};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -293,12 +293,14 @@ impl Management {
         for key in &served.released {
             tracing::debug!(cluster = %key, "dropped the Cluster API objects of a Cluster no longer served");
         }
-        let mut by_namespace: BTreeMap<String, (Vec<String>, bool)> = BTreeMap::new();
-        for (namespace, name) in served.gained {
-            by_namespace.entry(namespace).or_default().0.push(name);
+        let mut by_namespace: BTreeMap<String, (Vec<Ticket>, Option<Ticket>)> = BTreeMap::new();
+        for ticket in served.gained {
+            let namespace = ticket.namespace.clone();
+            by_namespace.entry(namespace).or_default().0.push(ticket);
         }
-        for namespace in served.namespaces {
-            by_namespace.entry(namespace).or_default().1 = true;
+        for ticket in served.namespaces {
+            let namespace = ticket.namespace.clone();
+            by_namespace.entry(namespace).or_default().1 = Some(ticket);
         }
         for (namespace, (clusters, configs)) in by_namespace {
             let management = Arc::clone(self);
@@ -308,20 +310,26 @@ impl Management {
 
     /// Lists `namespace` for the gained `clusters` (and its KubeadmConfigs when `configs`),
     /// retrying until it is merged or they are no longer served.
-    async fn fill(self: Arc<Self>, namespace: String, clusters: Vec<String>, configs: bool) {
+    async fn fill(self: Arc<Self>, namespace: String, clusters: Vec<Ticket>, configs: Option<Ticket>) {
         let mut backoff = Backoff::default();
+        let names: Vec<&str> = clusters.iter().map(|t| t.name.as_str()).collect();
         loop {
-            let Ok(_turn) = self.fills.acquire().await else {
-                return;
+            let attempt = {
+                let Ok(_turn) = self.fills.acquire().await else {
+                    return;
+                };
+                let started = std::time::Instant::now();
+                self.fill_namespace(&namespace, &clusters, configs.as_ref())
+                    .await
+                    .map(|objects| (objects, started.elapsed()))
             };
-            let started = std::time::Instant::now();
-            match self.fill_namespace(&namespace, &clusters, configs).await {
-                Ok(objects) => {
+            match attempt {
+                Ok((objects, took)) => {
                     tracing::info!(
                         namespace = %namespace,
-                        clusters = ?clusters,
+                        clusters = ?names,
                         objects,
-                        ms = started.elapsed().as_millis() as u64,
+                        ms = took.as_millis() as u64,
                         "listed the Cluster API objects of gained Clusters"
                     );
                     return;
@@ -329,7 +337,7 @@ impl Management {
                 Err(e) => {
                     let still_served = {
                         let shard = read(&self.shard);
-                        clusters.iter().any(|c| shard.is_served(&namespace, c))
+                        clusters.iter().any(|t| shard.is_served(&namespace, &t.name))
                     };
                     if !still_served {
                         return;
@@ -345,7 +353,12 @@ impl Management {
     /// when `configs`), merging each page as it comes: consistent reads, so never older than
     /// what the watches delivered before. A Cluster released meanwhile drops its pages. Returns
     /// the objects merged.
-    async fn fill_namespace(&self, namespace: &str, clusters: &[String], configs: bool) -> Result<usize, kube::Error> {
+    async fn fill_namespace(
+        &self,
+        namespace: &str,
+        clusters: &[Ticket],
+        configs: Option<&Ticket>,
+    ) -> Result<usize, kube::Error> {
         let mut merged = 0;
         for_each_page(
             &self.client,
@@ -354,14 +367,14 @@ impl Management {
             MachineView::from_object,
             |page| {
                 let mut shard = write(&self.shard);
-                for cluster in clusters {
+                for ticket in clusters {
                     let mine: Vec<_> = page
                         .iter()
-                        .filter(|(_, (_, m))| &m.cluster_name == cluster)
+                        .filter(|(_, (_, m))| m.cluster_name == ticket.name)
                         .cloned()
                         .collect();
                     merged += mine.len();
-                    shard.fill_part(namespace, cluster, mine, Vec::new());
+                    shard.fill_part(ticket, mine, Vec::new());
                 }
             },
         )
@@ -374,20 +387,20 @@ impl Management {
                 MachinePoolView::from_object,
                 |page| {
                     let mut shard = write(&self.shard);
-                    for cluster in clusters {
+                    for ticket in clusters {
                         let mine: Vec<_> = page
                             .iter()
-                            .filter(|(_, (_, p))| &p.cluster_name == cluster)
+                            .filter(|(_, (_, p))| p.cluster_name == ticket.name)
                             .cloned()
                             .collect();
                         merged += mine.len();
-                        shard.fill_part(namespace, cluster, Vec::new(), mine);
+                        shard.fill_part(ticket, Vec::new(), mine);
                     }
                 },
             )
             .await?;
         }
-        if configs {
+        if let Some(ticket) = configs {
             if let Some(resource) = &self.config_resource {
                 for_each_page(
                     &self.client,
@@ -396,16 +409,16 @@ impl Management {
                     KubeadmConfigView::from_object,
                     |page| {
                         merged += page.len();
-                        write(&self.shard).fill_namespace_part(namespace, page);
+                        write(&self.shard).fill_namespace_part(ticket, page);
                     },
                 )
                 .await?;
             }
-            write(&self.shard).namespace_filled(namespace);
+            write(&self.shard).namespace_filled(ticket);
         }
         let mut shard = write(&self.shard);
-        for cluster in clusters {
-            shard.filled(namespace, cluster);
+        for ticket in clusters {
+            shard.filled(ticket);
         }
         Ok(merged)
     }

@@ -139,13 +139,26 @@ pub struct RelistMark {
     namespaces: HashSet<(String, u64)>,
 }
 
+/// A slot to fill: a Cluster (`name`) or a namespace's KubeadmConfigs (`name` empty), as it
+/// was when it started filling. A list started for it fills only that slot: if the Cluster is
+/// released and gained again meanwhile, the new slot waits for its own list, since the old one
+/// may have been read before changes the watch dropped while it was not served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    /// The namespace.
+    pub namespace: String,
+    /// The Cluster; empty for a namespace's KubeadmConfigs.
+    pub name: String,
+    generation: u64,
+}
+
 /// What [`ShardStore::serve`] changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Served {
-    /// Clusters now filling (`namespace`, `name`): list them.
-    pub gained: Vec<(String, String)>,
+    /// Clusters now filling: list them.
+    pub gained: Vec<Ticket>,
     /// Namespaces whose KubeadmConfigs are now filling: list them.
-    pub namespaces: Vec<String>,
+    pub namespaces: Vec<Ticket>,
     /// Clusters whose objects were dropped.
     pub released: Vec<String>,
 }
@@ -225,10 +238,18 @@ impl ShardStore {
                     fill: Fill::Filling(Tombstones::new()),
                 },
             );
-            served.gained.push((namespace.clone(), name.clone()));
+            served.gained.push(Ticket {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                generation: self.generation,
+            });
             let generation = self.generation;
             let ns = self.namespaces.entry(namespace.clone()).or_insert_with(|| {
-                served.namespaces.push(namespace.clone());
+                served.namespaces.push(Ticket {
+                    namespace: namespace.clone(),
+                    name: String::new(),
+                    generation,
+                });
                 NamespaceSlot {
                     generation,
                     configs: HashMap::new(),
@@ -335,9 +356,26 @@ impl ShardStore {
         }
     }
 
+    /// The ticket of the Cluster's slot now (tests fill whatever slot is there).
+    #[cfg(test)]
+    fn ticket(&self, namespace: &str, name: &str) -> Ticket {
+        let generation = if name.is_empty() {
+            self.namespaces.get(namespace).map_or(0, |s| s.generation)
+        } else {
+            self.clusters
+                .get(&format!("{namespace}/{name}"))
+                .map_or(0, |s| s.generation)
+        };
+        Ticket {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            generation,
+        }
+    }
+
     /// Merges the whole list of a filling Cluster's Machines and MachinePools (those of its
     /// namespace whose `spec.clusterName` is the Cluster's) and marks it listed: [`Self::fill_part`]
-    /// and [`Self::filled`] at once.
+    /// and [`Self::filled`] at once, on the slot there now.
     #[cfg(test)]
     pub fn fill(
         &mut self,
@@ -346,20 +384,33 @@ impl ShardStore {
         machines: Vec<(String, Listed<MachineView>)>,
         pools: Vec<(String, Listed<MachinePoolView>)>,
     ) -> bool {
-        self.fill_part(namespace, name, machines, pools) && self.filled(namespace, name)
+        let ticket = self.ticket(namespace, name);
+        self.fill_part(&ticket, machines, pools) && self.filled(&ticket)
     }
 
-    /// Merges one page of a filling Cluster's list; it stays filling. Returns false when it is
-    /// no longer served or not filling (the page is dropped: a Cluster released while its list
-    /// streams costs no more than the pages already merged).
+    fn filling_cluster(&mut self, ticket: &Ticket) -> Option<&mut ClusterSlot> {
+        self.clusters
+            .get_mut(&format!("{}/{}", ticket.namespace, ticket.name))
+            .filter(|slot| slot.generation == ticket.generation && matches!(slot.fill, Fill::Filling(_)))
+    }
+
+    fn filling_namespace(&mut self, ticket: &Ticket) -> Option<&mut NamespaceSlot> {
+        self.namespaces
+            .get_mut(&ticket.namespace)
+            .filter(|slot| slot.generation == ticket.generation && matches!(slot.fill, Fill::Filling(_)))
+    }
+
+    /// Merges one page of a filling Cluster's list; it stays filling. Returns false when the
+    /// ticket's slot is gone (released, perhaps gained again since) or no longer filling: the
+    /// page is dropped, so a Cluster released while its list streams costs no more than the
+    /// pages already merged.
     pub fn fill_part(
         &mut self,
-        namespace: &str,
-        name: &str,
+        ticket: &Ticket,
         machines: Vec<(String, Listed<MachineView>)>,
         pools: Vec<(String, Listed<MachinePoolView>)>,
     ) -> bool {
-        let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{name}")) else {
+        let Some(slot) = self.filling_cluster(ticket) else {
             return false;
         };
         let Fill::Filling(tombstones) = &slot.fill else {
@@ -370,28 +421,28 @@ impl ShardStore {
         true
     }
 
-    /// The filling Cluster's list is all merged: it is listed (answered for once its namespace
-    /// is too). Returns false when it is no longer served or not filling.
-    pub fn filled(&mut self, namespace: &str, name: &str) -> bool {
-        match self.clusters.get_mut(&format!("{namespace}/{name}")) {
-            Some(slot) if matches!(slot.fill, Fill::Filling(_)) => {
+    /// The ticket's list is all merged: the Cluster is listed (answered for once its namespace
+    /// is too). Returns false when the slot is gone or not filling.
+    pub fn filled(&mut self, ticket: &Ticket) -> bool {
+        match self.filling_cluster(ticket) {
+            Some(slot) => {
                 slot.fill = Fill::Listed;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
-    /// Merges the list of a filling namespace's KubeadmConfigs. Returns false when no served
-    /// Cluster is there any more or it is not filling.
+    /// Merges the whole list of a filling namespace's KubeadmConfigs and marks it listed.
     #[cfg(test)]
     pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
-        self.fill_namespace_part(namespace, configs) && self.namespace_filled(namespace)
+        let ticket = self.ticket(namespace, "");
+        self.fill_namespace_part(&ticket, configs) && self.namespace_filled(&ticket)
     }
 
     /// Merges one page of a filling namespace's KubeadmConfigs; it stays filling.
-    pub fn fill_namespace_part(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
-        let Some(slot) = self.namespaces.get_mut(namespace) else {
+    pub fn fill_namespace_part(&mut self, ticket: &Ticket, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
+        let Some(slot) = self.filling_namespace(ticket) else {
             return false;
         };
         let Fill::Filling(tombstones) = &slot.fill else {
@@ -402,13 +453,13 @@ impl ShardStore {
     }
 
     /// The filling namespace's KubeadmConfigs are all merged.
-    pub fn namespace_filled(&mut self, namespace: &str) -> bool {
-        match self.namespaces.get_mut(namespace) {
-            Some(slot) if matches!(slot.fill, Fill::Filling(_)) => {
+    pub fn namespace_filled(&mut self, ticket: &Ticket) -> bool {
+        match self.filling_namespace(ticket) {
+            Some(slot) => {
                 slot.fill = Fill::Listed;
                 true
             }
-            _ => false,
+            None => false,
         }
     }
 
@@ -639,8 +690,15 @@ mod tests {
     fn a_gained_cluster_answers_nothing_until_its_objects_and_its_namespace_are_listed() {
         let mut store = ShardStore::default();
         let served = serve(&mut store, &["mine"]);
-        assert_eq!(served.gained, [("ns".to_owned(), "mine".to_owned())]);
-        assert_eq!(served.namespaces, ["ns"]);
+        assert_eq!(
+            served
+                .gained
+                .iter()
+                .map(|t| (t.namespace.as_str(), t.name.as_str()))
+                .collect::<Vec<_>>(),
+            [("ns", "mine")]
+        );
+        assert_eq!(served.namespaces.len(), 1);
         assert!(store.apply(change("a", "mine", 5, Some("p-a"))));
         assert!(store.inventory("ns", "mine").is_none(), "filling");
         assert!(store.fill(
@@ -660,24 +718,34 @@ mod tests {
         assert_eq!(inventory.kubeadm_configs.len(), 1);
         assert!(store.listed("ns", "mine"));
         // Pages: merged as they come, listed only at the end; a release drops the rest.
-        serve(&mut store, &["mine", "paged"]);
+        let served = serve(&mut store, &["mine", "paged"]);
+        let ticket = served.gained[0].clone();
         assert!(store.fill_part(
-            "ns",
-            "paged",
+            &ticket,
             vec![("p1".into(), (Some(4), machine("p1", "paged", "p-1")))],
             Vec::new()
         ));
         assert!(store.inventory("ns", "paged").is_none(), "one page is not the list");
-        assert!(store.filled("ns", "paged"));
+        assert!(store.filled(&ticket));
         assert_eq!(provider_ids(&store.inventory("ns", "paged").unwrap()), ["p-1"]);
         serve(&mut store, &["mine"]);
         assert!(
-            !store.fill_part("ns", "paged", Vec::new(), Vec::new()),
+            !store.fill_part(&ticket, Vec::new(), Vec::new()),
             "released: pages dropped"
         );
-        assert!(!store.filled("ns", "paged"));
+        assert!(!store.filled(&ticket));
+        // Released and gained again while its first list streams: the old list fills nothing.
+        let served = serve(&mut store, &["mine", "paged"]);
+        assert!(!store.fill_part(
+            &ticket,
+            vec![("stale".into(), (Some(1), machine("stale", "paged", "p-s")))],
+            Vec::new()
+        ));
+        assert!(!store.filled(&ticket), "the new slot waits for its own list");
+        assert!(store.inventory("ns", "paged").is_none());
+        assert!(store.filled(&served.gained[0]));
         // A second Cluster in a listed namespace needs only its own list.
-        let served = serve(&mut store, &["mine", "second"]);
+        let served = serve(&mut store, &["mine", "second", "paged"]);
         assert!(served.namespaces.is_empty());
         assert!(store.fill("ns", "second", Vec::new(), Vec::new()));
         assert!(store.listed("ns", "second"));
@@ -756,7 +824,7 @@ mod tests {
         assert_eq!(store.counts(), [0, 0, 0]);
         // Gained again: filling again, listed again from scratch.
         let served = serve(&mut store, &["one"]);
-        assert_eq!(served.namespaces, ["ns"]);
+        assert_eq!(served.namespaces.len(), 1);
         assert!(store.inventory("ns", "one").is_none());
         assert!(!store.fill("ns", "gone", Vec::new(), Vec::new()), "not served: dropped");
     }

@@ -188,8 +188,10 @@ async fn storm(args: &Args) -> bool {
         None => print_rss_goal(signer),
     }
     if let (Some(split), Some(kcm)) = (runs.get(shared_runs), kcm) {
-        println!("
-management apart:");
+        println!(
+            "
+management apart:"
+        );
         print_ratios(split, kcm);
         print_split_goals(split, kcm);
     }
@@ -206,7 +208,9 @@ fn print_split_goals(split: &Run, kcm: &Run) {
     let workload = per(split, "kube-apiserver (workload)");
     let kcm_workload = per(kcm, "kube-apiserver (workload)");
     print_ratio(
-        &format!("signer's workload kube-apiserver CPU per join {workload:.2} ms / kube-controller-manager's {kcm_workload:.2} ms"),
+        &format!(
+            "signer's workload kube-apiserver CPU per join {workload:.2} ms / kube-controller-manager's {kcm_workload:.2} ms"
+        ),
         workload / kcm_workload.max(f64::EPSILON),
         1.0,
     );
