@@ -1,6 +1,8 @@
 //! `node-attestation-signer run`: the management-cluster controller.
 //!
-//! - [`management`]: watch caches of Cluster API objects, the claim write, Secrets.
+//! - [`management`]: the Cluster cache, the Cluster API watches that keep only the served
+//!   Clusters' objects ([`shard_store`]) and the namespace lists of gained ones, the claim
+//!   write, Secrets.
 //! - [`fleet`]: which workload clusters are served (opt-in, shard, Secrets, shared-CA refusal).
 //! - [`membership`] and [`shard`]: `--coordination=shard`: every replica renews its own Lease
 //!   and serves the Clusters rendezvous hashing assigns it among the live members.
@@ -353,7 +355,8 @@ async fn serve(args: &RunArgs) -> Result<()> {
             request_timeout: args.request_timeout,
         },
     });
-    // Joined only once the caches have listed: until then the peers keep this share.
+    // Joined only once the watches have started (the Cluster API objects of its share are then
+    // listed as it gains them): until then the peers keep this share.
     let mut membership = if sharded {
         let settings = membership::Settings::new(
             &args.leader_election_namespace,
