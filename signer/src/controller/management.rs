@@ -510,29 +510,9 @@ fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
-/// An object of `kind` as the shard store takes it (`view` `None`: deleted).
-fn change_of(kind: Kind, object: &DynamicObject, deleted: bool) -> Change {
-    let view = if deleted {
-        None
-    } else {
-        let read = serde_json::to_value(object)
-            .map_err(|e| e.to_string())
-            .and_then(|value| {
-                match kind {
-                    Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
-                    Kind::MachinePool => MachinePoolView::from_object(&value).map(Object::MachinePool),
-                    Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
-                }
-                .map_err(|e| e.to_string())
-            });
-        match read {
-            Ok(view) => Some(view),
-            Err(e) => {
-                tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {}", kind.as_str());
-                None
-            }
-        }
-    };
+/// An object of `kind` as the shard store takes it, without its view (`None`: deleted, or not
+/// read yet): enough to tell whether it is wanted.
+fn change_of(kind: Kind, object: &DynamicObject) -> Change {
     Change {
         kind,
         namespace: object.metadata.namespace.clone().unwrap_or_default(),
@@ -547,8 +527,46 @@ fn change_of(kind: Kind, object: &DynamicObject, deleted: bool) -> Change {
             .resource_version
             .as_deref()
             .and_then(|rv| rv.parse().ok()),
-        view,
+        view: None,
     }
+}
+
+/// The object's view; `None` (and a warning) when it does not read as one: the signer ignores
+/// it, as if it were not there.
+fn view_of(kind: Kind, object: &DynamicObject) -> Option<Object> {
+    let read = serde_json::to_value(object)
+        .map_err(|e| e.to_string())
+        .and_then(|value| {
+            match kind {
+                Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
+                Kind::MachinePool => MachinePoolView::from_object(&value).map(Object::MachinePool),
+                Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
+            }
+            .map_err(|e| e.to_string())
+        });
+    match read {
+        Ok(view) => Some(view),
+        Err(e) => {
+            tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {}", kind.as_str());
+            None
+        }
+    }
+}
+
+/// Applies a watched object: its view is read only when its Cluster is served (the rest of the
+/// fleet costs a glance at its metadata and `spec.clusterName`), and outside the lock unless
+/// the Cluster was gained in between.
+fn apply_watched(shard: &RwLock<ShardStore>, kind: Kind, object: &DynamicObject) {
+    let mut change = change_of(kind, object);
+    let wanted = read(shard).wants(&change);
+    if wanted {
+        change.view = view_of(kind, object);
+    }
+    let mut store = write(shard);
+    if !wanted && store.wants(&change) {
+        change.view = view_of(kind, object);
+    }
+    store.apply(change);
 }
 
 /// Feeds `shard` from a watch of `api` until the process ends: the served Clusters' changes
@@ -568,8 +586,9 @@ fn spawn_shard_feed(
                 Ok(watcher::Event::Init) => relist = Some((read(&shard).relist_mark(), Vec::new())),
                 Ok(watcher::Event::InitApply(object)) => {
                     if let Some((_, buffer)) = relist.as_mut() {
-                        let change = change_of(kind, &object, false);
+                        let mut change = change_of(kind, &object);
                         if read(&shard).wants(&change) {
+                            change.view = view_of(kind, &object);
                             buffer.push(change);
                         }
                     }
@@ -581,13 +600,9 @@ fn spawn_shard_feed(
                     watched[kind_index(kind)].store(true, Ordering::Relaxed);
                     backoff.reset();
                 }
-                Ok(watcher::Event::Apply(object)) => {
-                    let change = change_of(kind, &object, false);
-                    write(&shard).apply(change);
-                }
+                Ok(watcher::Event::Apply(object)) => apply_watched(&shard, kind, &object),
                 Ok(watcher::Event::Delete(object)) => {
-                    let change = change_of(kind, &object, true);
-                    write(&shard).apply(change);
+                    write(&shard).apply(change_of(kind, &object));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "watch of {}s in the management cluster failed; retrying", kind.as_str());
