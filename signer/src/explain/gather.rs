@@ -298,6 +298,9 @@ pub struct WorkloadReader {
 pub struct WorkloadFacts {
     /// Every CSR.
     pub csrs: Vec<CertificateSigningRequest>,
+    /// The same as the rule engine reads them (a `tpm/v1` CSR #2 looks up its CSR #1), made once
+    /// for every decision of the run.
+    pub objects: Vec<attestation::CsrObject>,
     /// Every Node, as the rules read them.
     pub nodes: Vec<NodeView>,
 }
@@ -329,8 +332,10 @@ impl WorkloadReader {
             .iter()
             .filter_map(|n| NodeView::from_object(&serde_json::to_value(n).ok()?).ok())
             .collect();
+        let objects = csrs.items.iter().map(crate::csr_object::csr_object).collect();
         Ok(WorkloadFacts {
             csrs: csrs.items,
+            objects,
             nodes,
         })
     }

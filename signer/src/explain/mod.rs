@@ -108,13 +108,12 @@ impl Judge {
         workload: &WorkloadFacts,
     ) -> Result<Decision> {
         let object = csr_object(csr);
-        let related: Vec<attestation::CsrObject> = workload.csrs.iter().map(csr_object).collect();
         let inputs = Inputs {
             csr: &object,
             cluster: &facts.cluster,
             inventory: &facts.inventory,
             nodes: &workload.nodes,
-            csrs: &related,
+            csrs: &workload.objects,
             verifiers: &self.verifiers,
             clock: Clock {
                 now: self.now,
