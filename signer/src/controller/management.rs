@@ -173,7 +173,7 @@ impl Backoff {
 }
 
 /// Which served version of a group the signer reads.
-pub(crate) async fn served(client: &Client, group: &str, kind: &str, plural: &str) -> Option<ApiResource> {
+async fn served(client: &Client, group: &str, kind: &str, plural: &str) -> Option<ApiResource> {
     for version in ["v1beta2", "v1beta1"] {
         let resource = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
@@ -188,6 +188,31 @@ pub(crate) async fn served(client: &Client, group: &str, kind: &str, plural: &st
         }
     }
     None
+}
+
+/// Which versions of the Cluster API resources the management cluster serves (MachinePools and
+/// KubeadmConfigs may not be installed).
+pub(crate) struct CapiResources {
+    pub clusters: ApiResource,
+    pub machines: ApiResource,
+    pub pools: Option<ApiResource>,
+    pub configs: Option<ApiResource>,
+}
+
+impl CapiResources {
+    /// Probes each resource; Clusters and Machines must be there.
+    pub async fn discover(client: &Client) -> Result<Self> {
+        Ok(Self {
+            clusters: served(client, "cluster.x-k8s.io", "Cluster", "clusters")
+                .await
+                .context("the Cluster API CRDs (clusters.cluster.x-k8s.io) are not installed")?,
+            machines: served(client, "cluster.x-k8s.io", "Machine", "machines")
+                .await
+                .context("machines.cluster.x-k8s.io is not installed")?,
+            pools: served(client, "cluster.x-k8s.io", "MachinePool", "machinepools").await,
+            configs: served(client, "bootstrap.cluster.x-k8s.io", "KubeadmConfig", "kubeadmconfigs").await,
+        })
+    }
 }
 
 /// The management cluster.
@@ -220,14 +245,12 @@ impl Management {
                 None => Api::all_with(client.clone(), resource),
             }
         };
-        let cluster_resource = served(&client, "cluster.x-k8s.io", "Cluster", "clusters")
-            .await
-            .context("the Cluster API CRDs (clusters.cluster.x-k8s.io) are not installed")?;
-        let machine_resource = served(&client, "cluster.x-k8s.io", "Machine", "machines")
-            .await
-            .context("machines.cluster.x-k8s.io is not installed")?;
-        let pool_resource = served(&client, "cluster.x-k8s.io", "MachinePool", "machinepools").await;
-        let config_resource = served(&client, "bootstrap.cluster.x-k8s.io", "KubeadmConfig", "kubeadmconfigs").await;
+        let CapiResources {
+            clusters: cluster_resource,
+            machines: machine_resource,
+            pools: pool_resource,
+            configs: config_resource,
+        } = CapiResources::discover(&client).await?;
         tracing::info!(
             machines = %machine_resource.api_version,
             machine_pools = pool_resource.as_ref().map(|r| r.api_version.as_str()).unwrap_or("not installed"),

@@ -24,7 +24,7 @@ use serde_json::Value;
 use zeroize::Zeroizing;
 
 use crate::controller::client::build_read_only;
-use crate::controller::management::served;
+use crate::controller::management::CapiResources;
 
 /// An Event, as `explain` prints it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -130,14 +130,12 @@ impl ManagementReader {
         config.connect_timeout = Some(timeout);
         config.read_timeout = Some(timeout);
         let client = build_read_only(config).context("cannot build the management client")?;
-        let clusters = served(&client, "cluster.x-k8s.io", "Cluster", "clusters")
-            .await
-            .context("the Cluster API CRDs (clusters.cluster.x-k8s.io) are not installed")?;
-        let machines = served(&client, "cluster.x-k8s.io", "Machine", "machines")
-            .await
-            .context("machines.cluster.x-k8s.io is not installed")?;
-        let pools = served(&client, "cluster.x-k8s.io", "MachinePool", "machinepools").await;
-        let configs = served(&client, "bootstrap.cluster.x-k8s.io", "KubeadmConfig", "kubeadmconfigs").await;
+        let CapiResources {
+            clusters,
+            machines,
+            pools,
+            configs,
+        } = CapiResources::discover(&client).await?;
         Ok(Self {
             client,
             clusters,
