@@ -5,6 +5,9 @@
 //! Views are built from `serde_json::Value` rather than generated types: the signer must read
 //! both API versions, and only a handful of fields matter.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -99,9 +102,10 @@ impl TargetRef {
 /// An entry of `status.addresses`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MachineAddress {
-    /// `Hostname`, `InternalDNS`, `ExternalDNS`, `InternalIP` or `ExternalIP`.
+    /// `Hostname`, `InternalDNS`, `ExternalDNS`, `InternalIP` or `ExternalIP` (borrowed when
+    /// it is one of those: a fleet's cache holds these once, not once per address).
     #[serde(rename = "type")]
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// The address.
     pub address: String,
 }
@@ -109,22 +113,23 @@ pub struct MachineAddress {
 impl MachineAddress {
     /// A DNS-kind address (`Hostname`, `InternalDNS`, `ExternalDNS`).
     pub fn is_dns(&self) -> bool {
-        matches!(self.kind.as_str(), "Hostname" | "InternalDNS" | "ExternalDNS")
+        matches!(&*self.kind, "Hostname" | "InternalDNS" | "ExternalDNS")
     }
 
     /// An IP-kind address (`InternalIP`, `ExternalIP`).
     pub fn is_ip(&self) -> bool {
-        matches!(self.kind.as_str(), "InternalIP" | "ExternalIP")
+        matches!(&*self.kind, "InternalIP" | "ExternalIP")
     }
 }
 
 /// `spec.bootstrap.configRef`, either version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigRef {
-    /// API group (`bootstrap.cluster.x-k8s.io`), from `apiGroup` or `apiVersion`.
-    pub api_group: String,
+    /// API group (`bootstrap.cluster.x-k8s.io`), from `apiGroup` or `apiVersion` (borrowed when
+    /// it is a known one, like the kind).
+    pub api_group: Cow<'static, str>,
     /// Kind, e.g. `KubeadmConfig`.
-    pub kind: String,
+    pub kind: Cow<'static, str>,
     /// Name, in the Machine's namespace.
     pub name: String,
 }
@@ -141,16 +146,16 @@ impl ConfigRef {
 pub struct MachineView {
     /// metadata.name
     pub name: String,
-    /// metadata.namespace
-    pub namespace: String,
+    /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
+    pub namespace: Arc<str>,
     /// metadata.uid
     pub uid: String,
     /// metadata.resourceVersion (the claim precondition).
     pub resource_version: Option<String>,
     /// Which API version it was read as.
     pub api_version: ApiVersion,
-    /// spec.clusterName
-    pub cluster_name: String,
+    /// spec.clusterName (shared, like the namespace)
+    pub cluster_name: Arc<str>,
     /// spec.providerID
     pub provider_id: Option<String>,
     /// metadata.deletionTimestamp is set.
@@ -176,16 +181,16 @@ pub struct MachineView {
 pub struct MachinePoolView {
     /// metadata.name
     pub name: String,
-    /// metadata.namespace
-    pub namespace: String,
+    /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
+    pub namespace: Arc<str>,
     /// metadata.uid
     pub uid: String,
     /// metadata.resourceVersion (the claim precondition).
     pub resource_version: Option<String>,
     /// Which API version it was read as.
     pub api_version: ApiVersion,
-    /// spec.clusterName
-    pub cluster_name: String,
+    /// spec.clusterName (shared, like the namespace)
+    pub cluster_name: Arc<str>,
     /// spec.providerIDList
     pub provider_ids: Vec<String>,
     /// metadata.deletionTimestamp is set.
@@ -207,8 +212,8 @@ pub struct MachinePoolView {
 pub struct KubeadmConfigView {
     /// metadata.name
     pub name: String,
-    /// metadata.namespace
-    pub namespace: String,
+    /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
+    pub namespace: Arc<str>,
     /// The token ID of `spec.joinConfiguration.discovery.bootstrapToken.token` (`<id>.<secret>`);
     /// the secret half is never kept.
     pub join_token_id: Option<String>,
@@ -365,15 +370,19 @@ impl MachineView {
                 .iter()
                 .filter_map(|a| {
                     Some(MachineAddress {
-                        kind: a.get("type")?.as_str()?.to_owned(),
+                        kind: known(a.get("type")?.as_str()?, ADDRESS_TYPES),
                         address: a.get("address")?.as_str()?.to_owned(),
                     })
                 })
-                .collect(),
+                .collect::<Vec<_>>(),
             _ => Vec::new(),
         };
+        let mut addresses = addresses;
+        addresses.shrink_to_fit();
         Ok(Self {
-            cluster_name: meta.required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?,
+            cluster_name: meta
+                .required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?
+                .into(),
             bootstrap_ready: bootstrap_ready(object),
             bootstrap_config: config_ref(object.pointer("/spec/bootstrap/configRef")),
             infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"]).map(str::to_owned),
@@ -388,7 +397,7 @@ impl MachineView {
             api_version,
             resource_version: meta.resource_version,
             name: meta.name,
-            namespace: meta.namespace,
+            namespace: meta.namespace.into(),
             uid: meta.uid,
         })
     }
@@ -417,7 +426,9 @@ impl MachinePoolView {
             _ => Vec::new(),
         };
         Ok(Self {
-            cluster_name: meta.required_str(object, "MachinePool", &["spec", "clusterName"], "spec.clusterName")?,
+            cluster_name: meta
+                .required_str(object, "MachinePool", &["spec", "clusterName"], "spec.clusterName")?
+                .into(),
             provider_ids: strings("/spec/providerIDList", ""),
             bootstrap_ready: bootstrap_ready(object),
             bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef")),
@@ -428,7 +439,7 @@ impl MachinePoolView {
             api_version,
             resource_version: meta.resource_version,
             name: meta.name,
-            namespace: meta.namespace,
+            namespace: meta.namespace.into(),
             uid: meta.uid,
         })
     }
@@ -459,7 +470,7 @@ impl KubeadmConfigView {
         .filter(|id| !id.is_empty());
         Ok(Self {
             name: meta.name,
-            namespace: meta.namespace,
+            namespace: meta.namespace.into(),
             join_token_id,
         })
     }
@@ -481,6 +492,18 @@ impl CapiObject {
             Some("MachinePool") => MachinePoolView::from_object(object).map(Self::MachinePool),
             _ => MachineView::from_object(object).map(Self::Machine),
         }
+    }
+}
+
+/// The address types Cluster API defines.
+const ADDRESS_TYPES: &[&str] = &["Hostname", "InternalDNS", "ExternalDNS", "InternalIP", "ExternalIP"];
+
+/// `value`, borrowed from `table` when it is there, so a cache of many objects does not hold
+/// the same few words once per object.
+fn known(value: &str, table: &[&'static str]) -> Cow<'static, str> {
+    match table.iter().find(|known| **known == value) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(value.to_owned()),
     }
 }
 
@@ -508,13 +531,13 @@ fn bootstrap_ready(object: &Value) -> bool {
 fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
     let value = value?;
     let api_group = match value.get("apiGroup").and_then(Value::as_str) {
-        Some(group) => group.to_owned(),
+        Some(group) => group,
         // v1beta1 ObjectReference: apiVersion is group/version.
-        None => value.get("apiVersion")?.as_str()?.split('/').next()?.to_owned(),
+        None => value.get("apiVersion")?.as_str()?.split('/').next()?,
     };
     Some(ConfigRef {
-        api_group,
-        kind: value.get("kind")?.as_str()?.to_owned(),
+        api_group: known(api_group, &["bootstrap.cluster.x-k8s.io"]),
+        kind: known(value.get("kind")?.as_str()?, &["KubeadmConfig"]),
         name: value.get("name")?.as_str()?.to_owned(),
     })
 }

@@ -739,7 +739,7 @@ fn bind_requester(
                     .inventory
                     .kubeadm_configs
                     .iter()
-                    .find(|k| k.name == config.name && k.namespace == target.namespace());
+                    .find(|k| k.name == config.name && *k.namespace == *target.namespace());
                 match found.map(|k| k.join_username()) {
                     None => book.pending(
                         Rule::Requester,

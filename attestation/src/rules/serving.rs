@@ -163,7 +163,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .inventory
         .machines
         .iter()
-        .filter(|m| m.namespace == cluster.namespace && m.cluster_name == cluster.name)
+        .filter(|m| *m.namespace == *cluster.namespace && *m.cluster_name == *cluster.name)
         .filter(|m| {
             m.node_ref.as_deref() == Some(name.as_str())
                 || m.claim.valid().is_some_and(|c| c.node_name == name.as_str())
@@ -173,7 +173,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .inventory
         .pools
         .iter()
-        .filter(|p| p.namespace == cluster.namespace && p.cluster_name == cluster.name)
+        .filter(|p| *p.namespace == *cluster.namespace && *p.cluster_name == *cluster.name)
         .filter(|p| {
             p.provider_ids.iter().any(|pid| {
                 p.claims

@@ -18,13 +18,14 @@ use attestation::machine::{
     ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, ObjectError, TargetKind, TargetRef,
 };
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, ValidationDirective};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
-use super::shard_store::{Change, Kind, Listed, Object, ShardStore, Ticket};
+use super::shard_feed;
+use super::shard_store::{Kind, Listed, Served, ShardStore, Ticket};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -67,15 +68,15 @@ impl<V: Clone> ViewCache<V> {
     }
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+pub(super) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub(super) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn key_of(object: &DynamicObject) -> String {
+pub(super) fn key_of(object: &DynamicObject) -> String {
     format!(
         "{}/{}",
         object.metadata.namespace.as_deref().unwrap_or_default(),
@@ -221,9 +222,9 @@ pub struct Management {
     /// Opted-in or not, every Cluster.
     pub clusters: Arc<ViewCache<ClusterView>>,
     /// The served Clusters' Machines, MachinePools and KubeadmConfigs.
-    shard: Arc<RwLock<ShardStore>>,
-    /// Whether each kind's watch has listed once (by [`Kind::ALL`]).
-    watched: Arc<[AtomicBool; 3]>,
+    pub(super) shard: RwLock<ShardStore>,
+    /// Whether each kind's feed has its starting version (by [`Kind::ALL`]).
+    watched: [AtomicBool; 3],
     /// Bounds the namespace LISTs of Clusters gained at once.
     fills: Arc<Semaphore>,
     machine_resource: ApiResource,
@@ -257,29 +258,29 @@ impl Management {
             kubeadm_configs = config_resource.as_ref().map(|r| r.api_version.as_str()).unwrap_or("not installed"),
             "reading Cluster API objects"
         );
-        let shard = Arc::new(RwLock::new(ShardStore::default()));
-        let watched = Arc::new([AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)]);
-        for (kind, resource) in [
-            (Kind::Machine, Some(&machine_resource)),
-            (Kind::MachinePool, pool_resource.as_ref()),
-            (Kind::KubeadmConfig, config_resource.as_ref()),
-        ] {
-            match resource {
-                Some(r) => spawn_shard_feed(api(r), kind, Arc::clone(&shard), Arc::clone(&watched)),
-                None => watched[kind_index(kind)].store(true, Ordering::Relaxed),
-            }
-        }
         let management = Arc::new(Self {
             clusters: spawn_cache(api(&cluster_resource), ClusterView::from_object, "Clusters"),
-            shard,
-            watched,
+            shard: RwLock::new(ShardStore::default()),
+            watched: [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)],
             fills: Arc::new(Semaphore::new(FILLS_AT_ONCE)),
             machine_resource,
             pool_resource,
             config_resource,
-            client,
+            client: client.clone(),
         });
-        // Serving on half-started watches would miss the changes made before they start.
+        for kind in Kind::ALL {
+            let resource = match kind {
+                Kind::Machine => Some(&management.machine_resource),
+                Kind::MachinePool => management.pool_resource.as_ref(),
+                Kind::KubeadmConfig => management.config_resource.as_ref(),
+            };
+            match resource {
+                Some(r) => shard_feed::spawn(api(r), kind, Arc::clone(&management)),
+                None => management.feed_started(kind),
+            }
+        }
+        // Serving before the watches have their starting versions would miss the changes made
+        // in between.
         let mut waited = 0u32;
         while !management.synced() {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -308,6 +309,17 @@ impl Management {
         self.clusters.synced() && self.watched.iter().all(|w| w.load(Ordering::Relaxed))
     }
 
+    /// `kind`'s feed watches from its starting version (or `kind` is not installed).
+    pub(super) fn feed_started(&self, kind: Kind) {
+        self.watched[kind_index(kind)].store(true, Ordering::Relaxed);
+    }
+
+    /// After a feed lost its place: every served Cluster is emptied and listed again.
+    pub(super) fn regain(self: &Arc<Self>) {
+        let served = write(&self.shard).regain();
+        self.spawn_fills(served);
+    }
+
     /// Serves exactly `mine`: drops the objects of Clusters no longer among them, and lists
     /// those of the Clusters new among them (in the background: they are decided once listed).
     pub fn serve(self: &Arc<Self>, mine: &[ClusterView]) {
@@ -316,6 +328,11 @@ impl Management {
         for key in &served.released {
             tracing::debug!(cluster = %key, "dropped the Cluster API objects of a Cluster no longer served");
         }
+        self.spawn_fills(served);
+    }
+
+    /// Lists what `served` gained, one task per namespace.
+    fn spawn_fills(self: &Arc<Self>, served: Served) {
         let mut by_namespace: BTreeMap<String, (Vec<Ticket>, Option<Ticket>)> = BTreeMap::new();
         for ticket in served.gained {
             let namespace = ticket.namespace.clone();
@@ -393,7 +410,7 @@ impl Management {
                 for ticket in clusters {
                     let mine: Vec<_> = page
                         .iter()
-                        .filter(|(_, (_, m))| m.cluster_name == ticket.name)
+                        .filter(|(_, m)| *m.cluster_name == *ticket.name)
                         .cloned()
                         .collect();
                     merged += mine.len();
@@ -413,7 +430,7 @@ impl Management {
                     for ticket in clusters {
                         let mine: Vec<_> = page
                             .iter()
-                            .filter(|(_, (_, p))| p.cluster_name == ticket.name)
+                            .filter(|(_, p)| *p.cluster_name == *ticket.name)
                             .cloned()
                             .collect();
                         merged += mine.len();
@@ -473,8 +490,10 @@ impl Management {
     }
 
     /// Writes a claim: a merge patch of one annotation carrying the decision's resourceVersion,
-    /// so the API server refuses it (409) if the object changed since the decision.
-    pub async fn write_claim(&self, claim: &ClaimWrite) -> Result<(), ApplyError> {
+    /// so the API server refuses it (409) if the object changed since the decision. Returns the
+    /// claim as the API server holds it after the write, read from the PATCH's response: the
+    /// re-check before signing needs no second request when the claim was written just now.
+    pub async fn write_claim(&self, claim: &ClaimWrite) -> Result<ClaimState, ApplyError> {
         let Some(resource_version) = &claim.resource_version else {
             return Err(ApplyError::Transient(
                 "the decision carries no resourceVersion to write the claim under".into(),
@@ -486,36 +505,28 @@ impl Management {
                 "annotations": { claim.annotation: claim.value },
             }
         });
-        self.api_for(&claim.target)?
-            .patch(&claim.target.name, &PatchParams::default(), &Patch::Merge(&patch))
+        // Nothing but one annotation is sent: the unknown-field check has nothing to find.
+        let params = PatchParams {
+            field_validation: Some(ValidationDirective::Ignore),
+            ..PatchParams::default()
+        };
+        let written = self
+            .api_for(&claim.target)?
+            .patch(&claim.target.name, &params, &Patch::Merge(&patch))
             .await
-            .map(|_| ())
-            .map_err(ApplyError::from_kube)
+            .map_err(ApplyError::from_kube)?;
+        claim_of(&claim.target, &claim.record.provider_id, &written)
     }
 
     /// The claim on `target` for `provider_id`, read from the API server, not the cache: the
-    /// re-check just before a certificate is written.
+    /// re-check just before a certificate is written, when this pass wrote no claim.
     pub async fn fresh_claim(&self, target: &TargetRef, provider_id: &str) -> Result<ClaimState, ApplyError> {
         let object = self
             .api_for(target)?
             .get(&target.name)
             .await
             .map_err(ApplyError::from_kube)?;
-        if object.metadata.uid.as_deref() != Some(target.uid.as_str()) {
-            return Ok(ClaimState::Unreadable(format!(
-                "{} was replaced by another object of the same name",
-                target.name
-            )));
-        }
-        let value = serde_json::to_value(&object).map_err(|e| ApplyError::Transient(e.to_string()))?;
-        Ok(match target.kind {
-            TargetKind::Machine => MachineView::from_object(&value)
-                .map(|m| m.claim)
-                .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
-            TargetKind::MachinePool => MachinePoolView::from_object(&value)
-                .map(|p| p.claims.instance(provider_id))
-                .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
-        })
+        claim_of(target, provider_id, &object)
     }
 
     /// A Secret's data (one GET for every key), `None` when the Secret is absent.
@@ -529,111 +540,27 @@ impl Management {
     }
 }
 
+/// The claim `object` (as the API server returned it) holds on `target` for `provider_id`.
+fn claim_of(target: &TargetRef, provider_id: &str, object: &DynamicObject) -> Result<ClaimState, ApplyError> {
+    if object.metadata.uid.as_deref() != Some(target.uid.as_str()) {
+        return Ok(ClaimState::Unreadable(format!(
+            "{} was replaced by another object of the same name",
+            target.name
+        )));
+    }
+    let value = serde_json::to_value(object).map_err(|e| ApplyError::Transient(e.to_string()))?;
+    Ok(match target.kind {
+        TargetKind::Machine => MachineView::from_object(&value)
+            .map(|m| m.claim)
+            .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
+        TargetKind::MachinePool => MachinePoolView::from_object(&value)
+            .map(|p| p.claims.instance(provider_id))
+            .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
+    })
+}
+
 fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
-}
-
-/// An object of `kind` as the shard store takes it, without its view (`None`: deleted, or not
-/// read yet): enough to tell whether it is wanted.
-fn change_of(kind: Kind, object: &DynamicObject) -> Change {
-    Change {
-        kind,
-        namespace: object.metadata.namespace.clone().unwrap_or_default(),
-        name: object.metadata.name.clone().unwrap_or_default(),
-        cluster_name: object
-            .data
-            .pointer("/spec/clusterName")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        resource_version: object
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse().ok()),
-        view: None,
-    }
-}
-
-/// The object's view; `None` (and a warning) when it does not read as one: the signer ignores
-/// it, as if it were not there.
-fn view_of(kind: Kind, object: &DynamicObject) -> Option<Object> {
-    let read = serde_json::to_value(object)
-        .map_err(|e| e.to_string())
-        .and_then(|value| {
-            match kind {
-                Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
-                Kind::MachinePool => MachinePoolView::from_object(&value).map(Object::MachinePool),
-                Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
-            }
-            .map_err(|e| e.to_string())
-        });
-    match read {
-        Ok(view) => Some(view),
-        Err(e) => {
-            tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {}", kind.as_str());
-            None
-        }
-    }
-}
-
-/// Applies a watched object: its view is read only when its Cluster is served (the rest of the
-/// fleet costs a glance at its metadata and `spec.clusterName`), and outside the lock unless
-/// the Cluster was gained in between.
-fn apply_watched(shard: &RwLock<ShardStore>, kind: Kind, object: &DynamicObject) {
-    let mut change = change_of(kind, object);
-    let wanted = read(shard).wants(&change);
-    if wanted {
-        change.view = view_of(kind, object);
-    }
-    let mut store = write(shard);
-    if !wanted && store.wants(&change) {
-        change.view = view_of(kind, object);
-    }
-    store.apply(change);
-}
-
-/// Feeds `shard` from a watch of `api` until the process ends: the served Clusters' changes
-/// are kept, the others dropped as they arrive (a relist too is filtered as it streams).
-fn spawn_shard_feed(
-    api: Api<DynamicObject>,
-    kind: Kind,
-    shard: Arc<RwLock<ShardStore>>,
-    watched: Arc<[AtomicBool; 3]>,
-) {
-    tokio::spawn(async move {
-        let mut relist: Option<(super::shard_store::RelistMark, Vec<Change>)> = None;
-        let mut events = watcher(api, watcher::Config::default()).boxed();
-        let mut backoff = Backoff::default();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::Init) => relist = Some((read(&shard).relist_mark(), Vec::new())),
-                Ok(watcher::Event::InitApply(object)) => {
-                    if let Some((_, buffer)) = relist.as_mut() {
-                        let mut change = change_of(kind, &object);
-                        if read(&shard).wants(&change) {
-                            change.view = view_of(kind, &object);
-                            buffer.push(change);
-                        }
-                    }
-                }
-                Ok(watcher::Event::InitDone) => {
-                    if let Some((mark, buffer)) = relist.take() {
-                        write(&shard).relisted(kind, buffer, &mark);
-                    }
-                    watched[kind_index(kind)].store(true, Ordering::Relaxed);
-                    backoff.reset();
-                }
-                Ok(watcher::Event::Apply(object)) => apply_watched(&shard, kind, &object),
-                Ok(watcher::Event::Delete(object)) => {
-                    write(&shard).apply(change_of(kind, &object));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "watch of {}s in the management cluster failed; retrying", kind.as_str());
-                    backoff.wait().await;
-                }
-            }
-        }
-    });
 }
 
 /// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
@@ -644,7 +571,7 @@ async fn for_each_page<V>(
     resource: &ApiResource,
     namespace: &str,
     view: fn(&Value) -> Result<V, ObjectError>,
-    mut each: impl FnMut(Vec<(String, Listed<V>)>),
+    mut each: impl FnMut(Vec<Listed<V>>),
 ) -> Result<(), kube::Error> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
     let mut token: Option<String> = None;
@@ -661,15 +588,12 @@ async fn for_each_page<V>(
             };
             match view(&value) {
                 Ok(v) => views.push((
-                    object.metadata.name.clone().unwrap_or_default(),
-                    (
-                        object
-                            .metadata
-                            .resource_version
-                            .as_deref()
-                            .and_then(|rv| rv.parse().ok()),
-                        v,
-                    ),
+                    object
+                        .metadata
+                        .resource_version
+                        .as_deref()
+                        .and_then(|rv| rv.parse().ok()),
+                    v,
                 )),
                 Err(e) => tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable object"),
             }

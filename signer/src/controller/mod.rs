@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod nodes;
 pub mod queue;
 pub mod shard;
+pub mod shard_feed;
 pub mod shard_store;
 pub mod workload;
 

@@ -21,7 +21,9 @@
 //! A released Cluster's objects are dropped at once, and a namespace's KubeadmConfigs with its
 //! last served Cluster.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use attestation::machine::{Inventory, KubeadmConfigView, MachinePoolView, MachineView};
@@ -83,10 +85,125 @@ pub struct Change {
 /// A listed object: its resourceVersion and view.
 pub type Listed<V> = (Option<u64>, V);
 
+/// A view the store keeps: found by its own name (no second copy of it as a key) and sharing
+/// its namespace and Cluster name with its slot, so a cached object costs its own fields only.
+pub trait Cached {
+    /// `metadata.name`.
+    fn name(&self) -> &str;
+    /// Points the view's namespace (and Cluster name) at the slot's copies when they are equal.
+    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>);
+}
+
+/// Points `field` at `shared` when they hold the same name.
+fn share_name(field: &mut Arc<str>, shared: &Arc<str>) {
+    if **field == **shared {
+        *field = Arc::clone(shared);
+    }
+}
+
+impl Cached for MachineView {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
+        share_name(&mut self.namespace, namespace);
+        if let Some(cluster) = cluster {
+            share_name(&mut self.cluster_name, cluster);
+        }
+    }
+}
+
+impl Cached for MachinePoolView {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
+        share_name(&mut self.namespace, namespace);
+        if let Some(cluster) = cluster {
+            share_name(&mut self.cluster_name, cluster);
+        }
+    }
+}
+
+impl Cached for KubeadmConfigView {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn share(&mut self, namespace: &Arc<str>, _cluster: Option<&Arc<str>>) {
+        share_name(&mut self.namespace, namespace);
+    }
+}
+
+/// One cached object, hashed and compared by its view's name (see [`Shelf`]).
 #[derive(Debug)]
 struct Entry<V> {
     resource_version: Option<u64>,
     view: Arc<V>,
+}
+
+impl<V: Cached> Borrow<str> for Entry<V> {
+    fn borrow(&self) -> &str {
+        self.view.name()
+    }
+}
+
+impl<V: Cached> Hash for Entry<V> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes, which `Borrow<str>` requires.
+        self.view.name().hash(state);
+    }
+}
+
+impl<V: Cached> PartialEq for Entry<V> {
+    fn eq(&self, other: &Self) -> bool {
+        self.view.name() == other.view.name()
+    }
+}
+
+impl<V: Cached> Eq for Entry<V> {}
+
+/// One kind's objects of a slot, by name: a set keyed by the views' own names, each view's
+/// namespace and Cluster name pointing at the slot's.
+#[derive(Debug)]
+struct Shelf<V> {
+    entries: HashSet<Entry<V>>,
+    namespace: Arc<str>,
+    cluster: Option<Arc<str>>,
+}
+
+impl<V: Cached> Shelf<V> {
+    fn new(namespace: &Arc<str>, cluster: Option<&Arc<str>>) -> Self {
+        Self {
+            entries: HashSet::new(),
+            namespace: Arc::clone(namespace),
+            cluster: cluster.cloned(),
+        }
+    }
+
+    /// The kept version of `name`: `None` when absent.
+    fn version(&self, name: &str) -> Option<Option<u64>> {
+        self.entries.get(name).map(|e| e.resource_version)
+    }
+
+    fn put(&mut self, resource_version: Option<u64>, mut view: V) {
+        view.share(&self.namespace, self.cluster.as_ref());
+        self.entries.replace(Entry {
+            resource_version,
+            view: Arc::new(view),
+        });
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.entries.remove(name);
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn views(&self) -> impl Iterator<Item = Arc<V>> + '_ {
+        self.entries.iter().map(|e| Arc::clone(&e.view))
+    }
 }
 
 /// Deletions seen while a list is on its way: `(kind, name)` to the deletion's version.
@@ -105,15 +222,15 @@ struct ClusterSlot {
     /// Tells a slot from the one a release and a gain later put under the same key.
     generation: u64,
     namespace: String,
-    machines: HashMap<String, Entry<MachineView>>,
-    pools: HashMap<String, Entry<MachinePoolView>>,
+    machines: Shelf<MachineView>,
+    pools: Shelf<MachinePoolView>,
     fill: Fill,
 }
 
 #[derive(Debug)]
 struct NamespaceSlot {
     generation: u64,
-    configs: HashMap<String, Entry<KubeadmConfigView>>,
+    configs: Shelf<KubeadmConfigView>,
     /// Names of the served Clusters in this namespace.
     clusters: HashSet<String>,
     fill: Fill,
@@ -128,15 +245,6 @@ pub struct ShardStore {
     namespaces: HashMap<String, NamespaceSlot>,
     /// The last slot generation handed out.
     generation: u64,
-}
-
-/// Which slots were listed when a watch began to list everything again: only those are
-/// replaced by what it lists (a slot gained meanwhile was filled by its own list, from objects
-/// the relist dropped as they streamed past).
-#[derive(Debug, Default)]
-pub struct RelistMark {
-    clusters: HashSet<(String, u64)>,
-    namespaces: HashSet<(String, u64)>,
 }
 
 /// A slot to fill: a Cluster (`name`) or a namespace's KubeadmConfigs (`name` empty), as it
@@ -179,22 +287,12 @@ fn list_wins(listed: Option<u64>, present: Option<Option<u64>>, deleted: Option<
     }
 }
 
-fn merge<V>(
-    map: &mut HashMap<String, Entry<V>>,
-    tombstones: &Tombstones,
-    kind: Kind,
-    listed: Vec<(String, Listed<V>)>,
-) {
-    for (name, (resource_version, view)) in listed {
-        let present = map.get(&name).map(|e| e.resource_version);
-        if list_wins(resource_version, present, tombstones.get(&(kind, name.clone()))) {
-            map.insert(
-                name,
-                Entry {
-                    resource_version,
-                    view: Arc::new(view),
-                },
-            );
+fn merge<V: Cached>(shelf: &mut Shelf<V>, tombstones: &Tombstones, kind: Kind, listed: Vec<Listed<V>>) {
+    for (resource_version, view) in listed {
+        let name = view.name();
+        let deleted = tombstones.get(&(kind, name.to_owned()));
+        if list_wins(resource_version, shelf.version(name), deleted) {
+            shelf.put(resource_version, view);
         }
     }
 }
@@ -228,21 +326,6 @@ impl ShardStore {
                 continue;
             }
             self.generation += 1;
-            self.clusters.insert(
-                key,
-                ClusterSlot {
-                    generation: self.generation,
-                    namespace: namespace.clone(),
-                    machines: HashMap::new(),
-                    pools: HashMap::new(),
-                    fill: Fill::Filling(Tombstones::new()),
-                },
-            );
-            served.gained.push(Ticket {
-                namespace: namespace.clone(),
-                name: name.clone(),
-                generation: self.generation,
-            });
             let generation = self.generation;
             let ns = self.namespaces.entry(namespace.clone()).or_insert_with(|| {
                 served.namespaces.push(Ticket {
@@ -252,10 +335,28 @@ impl ShardStore {
                 });
                 NamespaceSlot {
                     generation,
-                    configs: HashMap::new(),
+                    configs: Shelf::new(&namespace.as_str().into(), None),
                     clusters: HashSet::new(),
                     fill: Fill::Filling(Tombstones::new()),
                 }
+            });
+            // One copy of the namespace for all its slots' views.
+            let shared_namespace = Arc::clone(&ns.configs.namespace);
+            let shared_name: Arc<str> = name.as_str().into();
+            self.clusters.insert(
+                key,
+                ClusterSlot {
+                    generation,
+                    namespace: namespace.clone(),
+                    machines: Shelf::new(&shared_namespace, Some(&shared_name)),
+                    pools: Shelf::new(&shared_namespace, Some(&shared_name)),
+                    fill: Fill::Filling(Tombstones::new()),
+                },
+            );
+            served.gained.push(Ticket {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                generation,
             });
             ns.clusters.insert(name.clone());
         }
@@ -279,15 +380,7 @@ impl ShardStore {
                 return false;
             };
             match view {
-                Some(Object::KubeadmConfig(v)) => {
-                    ns.configs.insert(
-                        name,
-                        Entry {
-                            resource_version,
-                            view: Arc::new(v),
-                        },
-                    );
-                }
+                Some(Object::KubeadmConfig(v)) => ns.configs.put(resource_version, v),
                 _ => {
                     ns.configs.remove(&name);
                     if let Fill::Filling(tombstones) = &mut ns.fill {
@@ -307,29 +400,13 @@ impl ShardStore {
             return false;
         };
         match view {
-            Some(Object::Machine(v)) => {
-                slot.machines.insert(
-                    name,
-                    Entry {
-                        resource_version,
-                        view: Arc::new(v),
-                    },
-                );
-            }
-            Some(Object::MachinePool(v)) => {
-                slot.pools.insert(
-                    name,
-                    Entry {
-                        resource_version,
-                        view: Arc::new(v),
-                    },
-                );
-            }
+            Some(Object::Machine(v)) => slot.machines.put(resource_version, v),
+            Some(Object::MachinePool(v)) => slot.pools.put(resource_version, v),
             _ => {
                 match kind {
-                    Kind::Machine => slot.machines.remove(&name).map(|_| ()),
-                    _ => slot.pools.remove(&name).map(|_| ()),
-                };
+                    Kind::Machine => slot.machines.remove(&name),
+                    _ => slot.pools.remove(&name),
+                }
                 if let Fill::Filling(tombstones) = &mut slot.fill {
                     tombstones.insert((kind, name), resource_version);
                 }
@@ -349,10 +426,10 @@ impl ShardStore {
                 continue;
             };
             match kind {
-                Kind::Machine => slot.machines.remove(name).map(|_| ()),
-                Kind::MachinePool => slot.pools.remove(name).map(|_| ()),
-                Kind::KubeadmConfig => None,
-            };
+                Kind::Machine => slot.machines.remove(name),
+                Kind::MachinePool => slot.pools.remove(name),
+                Kind::KubeadmConfig => {}
+            }
         }
     }
 
@@ -381,8 +458,8 @@ impl ShardStore {
         &mut self,
         namespace: &str,
         name: &str,
-        machines: Vec<(String, Listed<MachineView>)>,
-        pools: Vec<(String, Listed<MachinePoolView>)>,
+        machines: Vec<Listed<MachineView>>,
+        pools: Vec<Listed<MachinePoolView>>,
     ) -> bool {
         let ticket = self.ticket(namespace, name);
         self.fill_part(&ticket, machines, pools) && self.filled(&ticket)
@@ -407,8 +484,8 @@ impl ShardStore {
     pub fn fill_part(
         &mut self,
         ticket: &Ticket,
-        machines: Vec<(String, Listed<MachineView>)>,
-        pools: Vec<(String, Listed<MachinePoolView>)>,
+        machines: Vec<Listed<MachineView>>,
+        pools: Vec<Listed<MachinePoolView>>,
     ) -> bool {
         let Some(slot) = self.filling_cluster(ticket) else {
             return false;
@@ -435,13 +512,13 @@ impl ShardStore {
 
     /// Merges the whole list of a filling namespace's KubeadmConfigs and marks it listed.
     #[cfg(test)]
-    pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
+    pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<Listed<KubeadmConfigView>>) -> bool {
         let ticket = self.ticket(namespace, "");
         self.fill_namespace_part(&ticket, configs) && self.namespace_filled(&ticket)
     }
 
     /// Merges one page of a filling namespace's KubeadmConfigs; it stays filling.
-    pub fn fill_namespace_part(&mut self, ticket: &Ticket, configs: Vec<(String, Listed<KubeadmConfigView>)>) -> bool {
+    pub fn fill_namespace_part(&mut self, ticket: &Ticket, configs: Vec<Listed<KubeadmConfigView>>) -> bool {
         let Some(slot) = self.filling_namespace(ticket) else {
             return false;
         };
@@ -463,24 +540,6 @@ impl ShardStore {
         }
     }
 
-    /// The slots listed now, for [`ShardStore::relisted`].
-    pub fn relist_mark(&self) -> RelistMark {
-        RelistMark {
-            clusters: self
-                .clusters
-                .iter()
-                .filter(|(_, s)| matches!(s.fill, Fill::Listed))
-                .map(|(k, s)| (k.clone(), s.generation))
-                .collect(),
-            namespaces: self
-                .namespaces
-                .iter()
-                .filter(|(_, s)| matches!(s.fill, Fill::Listed))
-                .map(|(k, s)| (k.clone(), s.generation))
-                .collect(),
-        }
-    }
-
     /// Whether a change would be kept: its Cluster (a KubeadmConfig: its namespace) is served.
     pub fn wants(&self, change: &Change) -> bool {
         match (change.kind, &change.cluster_name) {
@@ -495,81 +554,17 @@ impl ShardStore {
         self.clusters.contains_key(&format!("{namespace}/{name}"))
     }
 
-    /// After the watch listed everything again (it lost its place; `all` is what it listed of
-    /// the served Clusters): that replaces `kind`'s objects of every slot listed at `mark`, and
-    /// is merged into the others (filling, or gained and filled since).
-    pub fn relisted(&mut self, kind: Kind, all: Vec<Change>, mark: &RelistMark) {
-        if kind == Kind::KubeadmConfig {
-            let mut by_namespace: HashMap<String, Vec<(String, Listed<KubeadmConfigView>)>> = HashMap::new();
-            for change in all {
-                if let Some(Object::KubeadmConfig(v)) = change.view {
-                    by_namespace
-                        .entry(change.namespace)
-                        .or_default()
-                        .push((change.name, (change.resource_version, v)));
-                }
-            }
-            for (namespace, slot) in &mut self.namespaces {
-                let listed = by_namespace.remove(namespace).unwrap_or_default();
-                let replace = mark.namespaces.contains(&(namespace.clone(), slot.generation));
-                match &slot.fill {
-                    Fill::Listed if !replace => {
-                        merge(&mut slot.configs, &Tombstones::new(), kind, listed);
-                    }
-                    Fill::Listed => {
-                        slot.configs.clear();
-                        merge(&mut slot.configs, &Tombstones::new(), kind, listed);
-                    }
-                    Fill::Filling(tombstones) => merge(&mut slot.configs, tombstones, kind, listed),
-                }
-            }
-            return;
-        }
-        let mut machines: HashMap<String, Vec<(String, Listed<MachineView>)>> = HashMap::new();
-        let mut pools: HashMap<String, Vec<(String, Listed<MachinePoolView>)>> = HashMap::new();
-        for change in all {
-            let Some(cluster) = &change.cluster_name else { continue };
-            let key = format!("{}/{cluster}", change.namespace);
-            match change.view {
-                Some(Object::Machine(v)) => machines
-                    .entry(key)
-                    .or_default()
-                    .push((change.name, (change.resource_version, v))),
-                Some(Object::MachinePool(v)) => pools
-                    .entry(key)
-                    .or_default()
-                    .push((change.name, (change.resource_version, v))),
-                _ => {}
-            }
-        }
-        for (key, slot) in &mut self.clusters {
-            let listed_now =
-                matches!(slot.fill, Fill::Listed) && mark.clusters.contains(&(key.clone(), slot.generation));
-            let empty = Tombstones::new();
-            let tombstones = match &slot.fill {
-                Fill::Filling(t) => t,
-                Fill::Listed => &empty,
-            };
-            match kind {
-                Kind::Machine => {
-                    if listed_now {
-                        slot.machines.clear();
-                    }
-                    merge(
-                        &mut slot.machines,
-                        tombstones,
-                        kind,
-                        machines.remove(key).unwrap_or_default(),
-                    );
-                }
-                _ => {
-                    if listed_now {
-                        slot.pools.clear();
-                    }
-                    merge(&mut slot.pools, tombstones, kind, pools.remove(key).unwrap_or_default());
-                }
-            }
-        }
+    /// Every served Cluster is dropped and gained again: empty, filling, with new tickets (a
+    /// feed lost its place, so what it missed is found by listing again). Nothing is released.
+    pub fn regain(&mut self) -> Served {
+        let served: Vec<(String, String)> = self
+            .clusters
+            .keys()
+            .filter_map(|key| key.split_once('/'))
+            .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
+            .collect();
+        self.serve(&[]);
+        self.serve(&served)
     }
 
     /// The Cluster's Machines and MachinePools and its namespace's KubeadmConfigs, once both
@@ -581,9 +576,9 @@ impl ShardStore {
             return None;
         }
         Some(Inventory {
-            machines: slot.machines.values().map(|e| Arc::clone(&e.view)).collect(),
-            pools: slot.pools.values().map(|e| Arc::clone(&e.view)).collect(),
-            kubeadm_configs: ns.configs.values().map(|e| Arc::clone(&e.view)).collect(),
+            machines: slot.machines.views().collect(),
+            pools: slot.pools.views().collect(),
+            kubeadm_configs: ns.configs.views().collect(),
         })
     }
 
@@ -687,6 +682,43 @@ mod tests {
     }
 
     #[test]
+    fn cached_views_share_their_slots_namespace_and_cluster_name() {
+        let mut store = ShardStore::default();
+        store.serve(&[("ns".into(), "mine".into())]);
+        assert!(store.fill(
+            "ns",
+            "mine",
+            vec![
+                (Some(1), machine("a", "mine", "p-a")),
+                (Some(2), machine("b", "mine", "p-b"))
+            ],
+            Vec::new(),
+        ));
+        assert!(store.apply(change("c", "mine", 3, Some("p-c"))));
+        assert!(store.fill_namespace("ns", vec![(Some(4), config("kc"))]));
+        let inventory = store.inventory("ns", "mine").unwrap();
+        let [first, rest @ ..] = inventory.machines.as_slice() else {
+            panic!("no Machines")
+        };
+        assert_eq!(rest.len(), 2);
+        for other in rest {
+            assert!(Arc::ptr_eq(&first.namespace, &other.namespace));
+            assert!(Arc::ptr_eq(&first.cluster_name, &other.cluster_name));
+        }
+        assert!(Arc::ptr_eq(&first.namespace, &inventory.kubeadm_configs[0].namespace));
+        // Found by the view's own name, replaced in place.
+        assert!(store.apply(change("a", "mine", 5, Some("p-a2"))));
+        let inventory = store.inventory("ns", "mine").unwrap();
+        assert_eq!(inventory.machines.len(), 3);
+        assert!(
+            inventory
+                .machines
+                .iter()
+                .any(|m| m.provider_id.as_deref() == Some("p-a2"))
+        );
+    }
+
+    #[test]
     fn a_gained_cluster_answers_nothing_until_its_objects_and_its_namespace_are_listed() {
         let mut store = ShardStore::default();
         let served = serve(&mut store, &["mine"]);
@@ -701,18 +733,13 @@ mod tests {
         assert_eq!(served.namespaces.len(), 1);
         assert!(store.apply(change("a", "mine", 5, Some("p-a"))));
         assert!(store.inventory("ns", "mine").is_none(), "filling");
-        assert!(store.fill(
-            "ns",
-            "mine",
-            vec![("b".into(), (Some(3), machine("b", "mine", "p-b")))],
-            Vec::new()
-        ));
+        assert!(store.fill("ns", "mine", vec![(Some(3), machine("b", "mine", "p-b"))], Vec::new()));
         assert!(
             store.inventory("ns", "mine").is_none(),
             "its namespace's KubeadmConfigs are not listed yet"
         );
         assert!(!store.listed("ns", "mine"));
-        assert!(store.fill_namespace("ns", vec![("kc".into(), (Some(2), config("kc")))]));
+        assert!(store.fill_namespace("ns", vec![(Some(2), config("kc"))]));
         let inventory = store.inventory("ns", "mine").unwrap();
         assert_eq!(provider_ids(&inventory), ["p-a", "p-b"]);
         assert_eq!(inventory.kubeadm_configs.len(), 1);
@@ -720,11 +747,7 @@ mod tests {
         // Pages: merged as they come, listed only at the end; a release drops the rest.
         let served = serve(&mut store, &["mine", "paged"]);
         let ticket = served.gained[0].clone();
-        assert!(store.fill_part(
-            &ticket,
-            vec![("p1".into(), (Some(4), machine("p1", "paged", "p-1")))],
-            Vec::new()
-        ));
+        assert!(store.fill_part(&ticket, vec![(Some(4), machine("p1", "paged", "p-1"))], Vec::new()));
         assert!(store.inventory("ns", "paged").is_none(), "one page is not the list");
         assert!(store.filled(&ticket));
         assert_eq!(provider_ids(&store.inventory("ns", "paged").unwrap()), ["p-1"]);
@@ -736,11 +759,7 @@ mod tests {
         assert!(!store.filled(&ticket));
         // Released and gained again while its first list streams: the old list fills nothing.
         let served = serve(&mut store, &["mine", "paged"]);
-        assert!(!store.fill_part(
-            &ticket,
-            vec![("stale".into(), (Some(1), machine("stale", "paged", "p-s")))],
-            Vec::new()
-        ));
+        assert!(!store.fill_part(&ticket, vec![(Some(1), machine("stale", "paged", "p-s"))], Vec::new()));
         assert!(!store.filled(&ticket), "the new slot waits for its own list");
         assert!(store.inventory("ns", "paged").is_none());
         assert!(store.filled(&served.gained[0]));
@@ -762,9 +781,9 @@ mod tests {
             "ns",
             "mine",
             vec![
-                ("a".into(), (Some(10), machine("a", "mine", "p-a-old"))),
-                ("b".into(), (Some(11), machine("b", "mine", "p-b"))),
-                ("c".into(), (Some(12), machine("c", "mine", "p-c"))),
+                (Some(10), machine("a", "mine", "p-a-old")),
+                (Some(11), machine("b", "mine", "p-b")),
+                (Some(12), machine("c", "mine", "p-c")),
             ],
             Vec::new(),
         );
@@ -782,8 +801,8 @@ mod tests {
             "ns",
             "mine",
             vec![
-                ("a".into(), (Some(9), machine("a", "mine", "p-a-new"))),
-                ("c".into(), (Some(8), machine("c", "mine", "p-c-again"))),
+                (Some(9), machine("a", "mine", "p-a-new")),
+                (Some(8), machine("c", "mine", "p-c-again")),
             ],
             Vec::new(),
         );
@@ -801,7 +820,7 @@ mod tests {
         store.fill(
             "ns",
             "mine",
-            vec![("a".into(), (Some(9), machine("a", "mine", "p-a-listed")))],
+            vec![(Some(9), machine("a", "mine", "p-a-listed"))],
             Vec::new(),
         );
         store.fill_namespace("ns", Vec::new());
@@ -830,60 +849,44 @@ mod tests {
     }
 
     #[test]
-    fn a_relist_replaces_listed_clusters_objects_and_merges_into_filling_ones() {
+    fn regaining_empties_every_served_cluster_and_lists_it_again_under_new_tickets() {
         let mut store = ShardStore::default();
-        listed_empty(&mut store, &["one"]);
-        store.apply(change("a", "one", 5, Some("p-a")));
-        store.apply(change("gone", "one", 6, Some("p-gone")));
-        serve(&mut store, &["one", "two"]);
-        store.apply(change("b", "two", 30, Some("p-b-new")));
-        let mark = store.relist_mark();
-        store.relisted(
-            Kind::Machine,
-            vec![
-                change("a", "one", 25, Some("p-a")),
-                change("b", "two", 20, Some("p-b-old")),
-                change("x", "other", 20, Some("p-x")),
-            ],
-            &mark,
-        );
-        assert_eq!(
-            provider_ids(&store.inventory("ns", "one").unwrap()),
-            ["p-a"],
-            "gone was deleted meanwhile"
-        );
-        store.fill("ns", "two", Vec::new(), Vec::new());
-        assert_eq!(provider_ids(&store.inventory("ns", "two").unwrap()), ["p-b-new"]);
-        store.apply(config_change("kc", 3, true));
-        let mark = store.relist_mark();
-        store.relisted(Kind::KubeadmConfig, vec![config_change("kc2", 4, true)], &mark);
-        assert_eq!(store.counts(), [2, 0, 1]);
-        // A Cluster gained and filled while the relist streamed keeps what its own list gave.
-        let mut store = ShardStore::default();
-        listed_empty(&mut store, &["one"]);
-        let mark = store.relist_mark();
-        serve(&mut store, &["one", "late"]);
-        store.fill(
+        let first = store.serve(&[("ns".into(), "mine".into())]);
+        assert!(store.fill(
             "ns",
-            "late",
-            vec![("l".into(), (Some(40), machine("l", "late", "p-l")))],
-            Vec::new(),
-        );
-        store.relisted(Kind::Machine, vec![change("a", "one", 41, Some("p-a"))], &mark);
-        assert_eq!(provider_ids(&store.inventory("ns", "late").unwrap()), ["p-l"]);
-        assert_eq!(provider_ids(&store.inventory("ns", "one").unwrap()), ["p-a"]);
-        // One released and gained again meanwhile is a new slot: not replaced either.
-        let mark = store.relist_mark();
-        serve(&mut store, &["late"]);
-        serve(&mut store, &["late", "one"]);
-        store.fill(
-            "ns",
-            "one",
-            vec![("b".into(), (Some(50), machine("b", "one", "p-b")))],
-            Vec::new(),
-        );
-        store.relisted(Kind::Machine, vec![change("a", "one", 41, Some("p-a"))], &mark);
-        assert_eq!(provider_ids(&store.inventory("ns", "one").unwrap()), ["p-a", "p-b"]);
+            "mine",
+            vec![(Some(3), machine("gone", "mine", "p-g"))],
+            Vec::new()
+        ));
+        assert!(store.fill_namespace("ns", vec![(Some(2), config("kc"))]));
+        assert!(store.inventory("ns", "mine").is_some());
+        let again = store.regain();
+        assert!(again.released.is_empty());
+        assert_eq!(again.gained.len(), 1);
+        assert_eq!(again.namespaces.len(), 1);
+        assert!(again.gained[0].generation > first.gained[0].generation);
+        // Nothing is answered until it is listed again, and the old tickets fill nothing.
+        assert!(store.inventory("ns", "mine").is_none());
+        assert!(!store.fill_part(
+            &first.gained[0],
+            vec![(Some(9), machine("old", "mine", "p-o"))],
+            Vec::new()
+        ));
+        // What the new watch delivers meanwhile is kept; the list (without the Machine
+        // deleted while the watch was lost) completes it.
+        assert!(store.apply(change("new", "mine", 10, Some("p-n"))));
+        assert!(store.fill_part(
+            &again.gained[0],
+            vec![(Some(4), machine("kept", "mine", "p-k"))],
+            Vec::new()
+        ));
+        assert!(store.filled(&again.gained[0]));
+        assert!(store.fill_namespace_part(&again.namespaces[0], vec![(Some(2), config("kc"))]));
+        assert!(store.namespace_filled(&again.namespaces[0]));
+        let inventory = store.inventory("ns", "mine").unwrap();
+        let mut names: Vec<&str> = inventory.machines.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["kept", "new"]);
     }
 
     #[test]

@@ -649,8 +649,9 @@ impl Worker {
         approved_already: bool,
     ) -> Result<(), ApplyError> {
         let name = csr.name_any();
+        let mut written = None;
         if let Some(claim) = &decision.claim {
-            self.shared.management.write_claim(claim).await?;
+            written = Some(self.shared.management.write_claim(claim).await?);
             tracing::info!(node = %claim.record.node_name, "claimed {}", claim.target.name);
         }
         let mut current = csr.clone();
@@ -677,7 +678,7 @@ impl Worker {
         let Some(target) = &decision.target else {
             return Err(ApplyError::Transient("an approved client CSR without a Machine".into()));
         };
-        if let Err(why) = self.recheck_claim(target, object, issuance).await? {
+        if let Err(why) = self.recheck_claim(target, object, issuance, written).await? {
             return self.refuse(&current, decision, "MachineAlreadyClaimed", &why).await;
         }
         let validity = Validity {
@@ -778,18 +779,25 @@ impl Worker {
     }
 
     /// The claim, read fresh, must still be this identity's: held by this CSR, or (a renewal by
-    /// the node itself) naming this node. `Ok(Err(why))` when it is not.
+    /// the node itself) naming this node. `Ok(Err(why))` when it is not. `written`: the claim
+    /// this pass wrote, as the PATCH returned it (the API server's state after the write, as
+    /// fresh as a GET would be); otherwise it is read.
     async fn recheck_claim(
         &self,
         target: &TargetRef,
         csr: &CsrObject,
         issuance: &Issuance,
+        written: Option<ClaimState>,
     ) -> Result<Result<(), String>, ApplyError> {
-        let state = self
-            .shared
-            .management
-            .fresh_claim(target, issuance.provider_id.as_str())
-            .await?;
+        let state = match written {
+            Some(state) => state,
+            None => {
+                self.shared
+                    .management
+                    .fresh_claim(target, issuance.provider_id.as_str())
+                    .await?
+            }
+        };
         let node = issuance
             .csr
             .common_names()

@@ -164,7 +164,7 @@ impl ManagementReader {
         let found = views(&machines.items, MachineView::from_object, &mut unreadable)
             .into_iter()
             .find(|m| m.provider_id.as_deref() == Some(provider_id))
-            .map(|m| (m.namespace, m.cluster_name));
+            .map(|m| (m.namespace.to_string(), m.cluster_name.to_string()));
         if let Some(found) = found {
             return Ok(found);
         }
@@ -178,7 +178,7 @@ impl ManagementReader {
                 .into_iter()
                 .find(|p| p.provider_ids.iter().any(|id| id == provider_id))
             {
-                return Ok((p.namespace, p.cluster_name));
+                return Ok((p.namespace.to_string(), p.cluster_name.to_string()));
             }
         }
         bail!(
