@@ -8,6 +8,7 @@ pub mod capi;
 pub mod cloud;
 pub mod csr;
 pub mod envtest;
+pub mod fleet;
 pub mod kubelet;
 pub mod live;
 pub mod moto;

@@ -28,12 +28,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use futures::StreamExt;
 use kube::Client;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use tests::envtest::Envtest;
-use tests::live::{self, Signer, apply};
+use tests::live::{self, Signer};
 use tests::stats::proc_status_kib;
 
 /// The goals.
@@ -73,65 +72,6 @@ struct Args {
     /// on the same fleet, for a before/after comparison.
     #[arg(long)]
     before_bin: Option<PathBuf>,
-}
-
-fn machine(cluster: &str, index: usize) -> Value {
-    let name = format!("{cluster}-md-0-7d9f8b6c4x-{index:05}");
-    let pid = format!(
-        "aws:///us-east-1a/i-0{:016x}",
-        (index as u64) * 7919 + cluster.len() as u64
-    );
-    let claim = json!({"nodeName": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256),
-                       "providerID": pid, "csrUID": "7d1c1f9e-2c4b-4f7a-9a58-0f3f5d7b9e21", "claimedAt": "2026-11-25T10:00:00Z"});
-    json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {
-            "name": name, "namespace": NAMESPACE,
-            "labels": {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": format!("{cluster}-md-0"),
-                       "cluster.x-k8s.io/set-name": format!("{cluster}-md-0-7d9f8b6c4x"), "machine-template-hash": "3851462708"},
-            "annotations": {"cluster.x-k8s.io/kubelet-claim": claim.to_string(),
-                            "controlplane.cluster.x-k8s.io/kubeadm-cluster-configuration": "{\"etcd\":{},\"networking\":{},\"apiServer\":{},\"controllerManager\":{},\"scheduler\":{},\"dns\":{}}"},
-            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet", "name": format!("{cluster}-md-0-7d9f8b6c4x"),
-                                 "uid": "0b6c1a5e-8f0e-4d3c-9c7b-2a1e5f4d3c2b", "controller": true, "blockOwnerDeletion": true}]
-        },
-        "spec": {
-            "clusterName": cluster, "providerID": pid, "version": "v1.32.13",
-            "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": name}},
-            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": name}
-        },
-        "status": {
-            "initialization": {"bootstrapDataSecretCreated": true, "infrastructureProvisioned": true},
-            "addresses": [
-                {"type": "InternalIP", "address": format!("10.{}.{}.{}", index / 65536 % 256, index / 256 % 256, index % 256)},
-                {"type": "InternalDNS", "address": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256)},
-                {"type": "Hostname", "address": format!("ip-10-{}-{}-{}", index / 65536 % 256, index / 256 % 256, index % 256)}
-            ],
-            "nodeRef": {"name": format!("ip-10-{}-{}-{}.ec2.internal", index / 65536 % 256, index / 256 % 256, index % 256)},
-            "phase": "Running",
-            "conditions": [
-                {"type": "Available", "status": "True", "reason": "Available", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "Ready", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "UpToDate", "status": "True", "reason": "UpToDate", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "BootstrapConfigReady", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "InfrastructureReady", "status": "True", "reason": "Ready", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"},
-                {"type": "NodeHealthy", "status": "True", "reason": "NodeHealthy", "message": "", "lastTransitionTime": "2026-11-25T10:00:00Z"}
-            ]
-        }
-    })
-}
-
-fn kubeadm_config(cluster: &str, index: usize) -> Value {
-    let name = format!("{cluster}-md-0-7d9f8b6c4x-{index:05}");
-    json!({
-        "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
-        "metadata": {"name": name, "namespace": NAMESPACE,
-                     "labels": {"cluster.x-k8s.io/cluster-name": cluster, "cluster.x-k8s.io/deployment-name": format!("{cluster}-md-0")}},
-        "spec": {"joinConfiguration": {
-            "discovery": {"bootstrapToken": {"apiServerEndpoint": "10.0.0.1:6443", "token": "abcdef.0123456789abcdef",
-                                             "caCertHashes": ["sha256:4d2b6f1e8a7c9d3e5f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6a"]}},
-            "nodeRegistration": {"name": "{{ ds.meta_data.local_hostname }}", "kubeletExtraArgs": [{"name": "provider-id", "value": "aws:///{{ ds.meta_data.placement.availability_zone }}/{{ ds.meta_data.instance_id }}"}]}
-        }}
-    })
 }
 
 /// One run's processes and readings.
@@ -287,18 +227,10 @@ async fn main() {
     let management = live::client(&env.admin_kubeconfig).await;
     let created = Instant::now();
     let first = live::quiet_clusters(env, &management, NAMESPACE, args.clusters).await;
-    let per_cluster = args.machines.div_ceil(args.clusters);
-    let objects: Vec<Value> = (0..args.machines)
-        .flat_map(|i| {
-            let cluster = format!("{NAMESPACE}-{}", i / per_cluster);
-            [kubeadm_config(&cluster, i), machine(&cluster, i)]
-        })
+    let clusters: Vec<(String, String)> = (0..args.clusters)
+        .map(|i| (NAMESPACE.to_owned(), format!("{NAMESPACE}-{i}")))
         .collect();
-    let sample = serde_json::to_vec(&objects[1]).map(|v| v.len()).unwrap_or(0);
-    futures::stream::iter(objects.iter().map(|o| apply(&management, o)))
-        .buffer_unordered(args.parallel.max(1))
-        .collect::<Vec<_>>()
-        .await;
+    let sample = tests::fleet::create(&management, &clusters, args.machines, args.parallel).await;
     println!(
         "fleet: {} Clusters, {} Machines and {} KubeadmConfigs (a Machine is {} bytes of JSON) created in {:.0} s",
         args.clusters,

@@ -92,6 +92,11 @@ struct Args {
     /// Quiet opted-in Clusters (one more apiserver, no CSRs) that widen the fleet.
     #[arg(long, default_value_t = 8)]
     quiet: usize,
+    /// Machines (each with its KubeadmConfig, shaped as Cluster API writes them) added to the
+    /// fleet beyond those the joins name, spread over every Cluster, loaded and quiet: what a
+    /// replica lists when it gains a Cluster, and caches, at scale (issue 20: 30000).
+    #[arg(long, default_value_t = 0)]
+    fleet_machines: usize,
     /// Writes every CSR (cluster, name, kind, filed and ended at, in seconds from the start,
     /// how it ended) to this CSV file.
     #[arg(long)]
@@ -238,6 +243,7 @@ impl World {
             _etcd: etcd,
         };
         world.add_machines(&admin, args).await;
+        world.add_fleet(&admin, args).await;
         world.start_replicas(args).await;
         world
     }
@@ -258,6 +264,25 @@ impl World {
             w.add_machines(admin, &machines, 32).await;
         }
         eprintln!("Machines created in {}", secs(started.elapsed()));
+    }
+
+    /// `--fleet-machines` more Machines and KubeadmConfigs, over every Cluster.
+    async fn add_fleet(&self, admin: &Client, args: &Args) {
+        if args.fleet_machines == 0 {
+            return;
+        }
+        let mut clusters: Vec<(String, String)> = (0..self.loaded.len())
+            .map(|i| (namespace(i), format!("c{i}")))
+            .collect();
+        clusters.extend((0..self.quiet_clusters).map(|k| ("quiet".to_owned(), format!("quiet-{k}"))));
+        eprintln!(
+            "creating a fleet of {} Machines and KubeadmConfigs over {} Clusters…",
+            args.fleet_machines,
+            clusters.len()
+        );
+        let started = Instant::now();
+        tests::fleet::create(admin, &clusters, args.fleet_machines, 64).await;
+        eprintln!("fleet created in {}", secs(started.elapsed()));
     }
 
     async fn start_replicas(&mut self, args: &Args) {
@@ -1285,6 +1310,13 @@ impl Report {
             secs(args.down_for),
             secs(args.grace),
         );
+        if args.fleet_machines > 0 {
+            println!(
+                "fleet: {} more Machines and KubeadmConfigs over the {} Clusters",
+                args.fleet_machines,
+                args.workloads + args.quiet
+            );
+        }
         self.print_assignment();
         self.print_outcomes();
         self.print_latencies(args);
