@@ -450,3 +450,52 @@ async fn issued(csrs: &Api<CertificateSigningRequest>) -> BTreeMap<String, Strin
         })
         .collect()
 }
+
+/// The cluster gauges follow a worker's state when it changes, not at the fleet's next pass:
+/// with the default `--resync-period` (30 s), a Cluster gained at start used to show
+/// `Unreachable` for up to 30 s after its CSRs were watched (what made a starting replica
+/// seem to take 30 s to take its share), and an apiserver going down was reported as late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+async fn cluster_states_are_reported_when_they_change_not_at_the_next_resync() {
+    let management_env = Envtest::start("envtest_fleet (gauges)");
+    let workload_env = Envtest::start("envtest_fleet (gauges workload)");
+    management_env.install_capi_crds();
+    let management = live::client(&management_env.admin_kubeconfig).await;
+    let mut w = Workload::register(workload_env, &management, "team-g", "gauges", "insecure").await;
+    // (Its return is left out: when the RBAC of a restarted apiserver answers is the watch's
+    // backoff, not the gauges'.)
+    machine(&management, &w, "g-0").await;
+    let started = std::time::Instant::now();
+    let signer = Signer::start_with_defaults(Path::new(SIGNER_BIN), &management_env, &["--leader-elect=false"]).await;
+    let within = |what: &'static str, state: &'static str| {
+        let signer = &signer;
+        async move {
+            let since = std::time::Instant::now();
+            while since.elapsed() < Duration::from_secs(15) {
+                if metric(
+                    &signer.metrics(),
+                    &format!("node_attestation_clusters{{state=\"{state}\"}}"),
+                ) == 1.0
+                {
+                    return since.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("{what}: not {state} within 15 s (the resync is 30 s)\n{}", signer.log());
+        }
+    };
+    within("at start", "Ready").await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "Ready only after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(join(&w, "g-0", "g-0").await, Final::Issued(_)),
+        "{}",
+        signer.log()
+    );
+    w.env.stop_apiserver();
+    within("apiserver stopped", "Unreachable").await;
+}

@@ -170,17 +170,25 @@ impl Fleet {
 
     /// Runs forever: reconciles on every Cluster change, every membership change and every
     /// resync period.
+    /// Between passes, a worker's state change or a Cluster's listing only re-reports the
+    /// cluster gauges.
     pub async fn run(mut self) {
         let clusters = Arc::clone(&self.shared.management.clusters);
         loop {
             self.reconcile().await;
-            tokio::select! {
-                () = clusters.changed() => {
-                    // Cluster API updates Clusters' status often: one pass for a burst of them.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+            let next_pass = tokio::time::Instant::now() + self.shared.settings.resync;
+            loop {
+                tokio::select! {
+                    () = clusters.changed() => {
+                        // Cluster API updates Clusters' status often: one pass for a burst of them.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        break;
+                    }
+                    () = self.scope.changed() => break,
+                    () = tokio::time::sleep_until(next_pass) => break,
+                    () = self.shared.states_changed.notified() => self.report_soon().await,
+                    () = self.shared.management.listed_changed.notified() => self.report_soon().await,
                 }
-                () = self.scope.changed() => {}
-                () = tokio::time::sleep(self.shared.settings.resync) => {}
             }
         }
     }
@@ -294,6 +302,13 @@ impl Fleet {
             self.shared.metrics.forget_cluster(k);
         }
         self.problems = problems;
+        self.report();
+    }
+
+    /// Reports after half a second: a hand-over of thousands of Clusters changes thousands of
+    /// states, which this folds into about two reports a second (each walks every worker).
+    async fn report_soon(&self) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
         self.report();
     }
 

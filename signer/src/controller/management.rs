@@ -3,9 +3,10 @@
 //! raw objects: [`super::shard_store`]), fresh reads for the re-check before signing, the claim
 //! write, and Secrets by name.
 //!
-//! One watch per kind carries the whole fleet's changes; what belongs to Clusters served
-//! elsewhere is dropped as it arrives, so a replica's memory follows its shard. A Cluster gained
-//! later is listed from its namespace (a paged, consistent LIST per kind, one per namespace for
+//! One watch per kind ([`super::shard_feed`], from the current resourceVersion, never listing
+//! the fleet) carries the whole fleet's changes; what belongs to Clusters served elsewhere is
+//! dropped as it arrives, so a replica's memory follows its shard. A Cluster gained is listed
+//! from its namespace (a paged, consistent LIST per kind, one per namespace for
 //! all the Clusters gained there in one pass) before the worker decides anything for it.
 
 use std::collections::{BTreeMap, HashMap};
@@ -227,6 +228,9 @@ pub struct Management {
     watched: [AtomicBool; 3],
     /// Bounds the namespace LISTs of Clusters gained at once.
     fills: Arc<Semaphore>,
+    /// A gained Cluster's objects were listed (or a regain emptied them): its state moved
+    /// between `Listing` and the worker's own, which the fleet reports at once.
+    pub listed_changed: Notify,
     machine_resource: ApiResource,
     pool_resource: Option<ApiResource>,
     config_resource: Option<ApiResource>,
@@ -263,6 +267,7 @@ impl Management {
             shard: RwLock::new(ShardStore::default()),
             watched: [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)],
             fills: Arc::new(Semaphore::new(FILLS_AT_ONCE)),
+            listed_changed: Notify::new(),
             machine_resource,
             pool_resource,
             config_resource,
@@ -317,6 +322,7 @@ impl Management {
     /// After a feed lost its place: every served Cluster is emptied and listed again.
     pub(super) fn regain(self: &Arc<Self>) {
         let served = write(&self.shard).regain();
+        self.listed_changed.notify_one();
         self.spawn_fills(served);
     }
 
@@ -365,6 +371,7 @@ impl Management {
             };
             match attempt {
                 Ok((objects, took)) => {
+                    self.listed_changed.notify_one();
                     tracing::info!(
                         namespace = %namespace,
                         clusters = ?names,
@@ -565,7 +572,9 @@ fn kind_index(kind: Kind) -> usize {
 
 /// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
 /// time to `each` (a large namespace is never held whole); unreadable ones are left out, as the
-/// watch leaves them out.
+/// watch leaves them out. Each page is read as one JSON tree and each object turned into its
+/// view and dropped in turn: no typed copy of the page is made, which halves what a fill holds
+/// while it streams (and what the allocator keeps of it afterwards).
 async fn for_each_page<V>(
     client: &Client,
     resource: &ApiResource,
@@ -573,33 +582,43 @@ async fn for_each_page<V>(
     view: fn(&Value) -> Result<V, ObjectError>,
     mut each: impl FnMut(Vec<Listed<V>>),
 ) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+    use kube::Resource;
+    let path = DynamicObject::url_path(resource, Some(namespace));
     let mut token: Option<String> = None;
     loop {
         let mut params = ListParams::default().limit(FILL_PAGE);
         if let Some(token) = &token {
             params = params.continue_token(token);
         }
-        let page = api.list(&params).await?;
-        let mut views = Vec::with_capacity(page.items.len());
-        for object in &page.items {
-            let Ok(value) = serde_json::to_value(object) else {
-                continue;
-            };
-            match view(&value) {
-                Ok(v) => views.push((
-                    object
-                        .metadata
-                        .resource_version
-                        .as_deref()
-                        .and_then(|rv| rv.parse().ok()),
-                    v,
-                )),
-                Err(e) => tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable object"),
+        let request = kube::core::Request::new(path.as_str())
+            .list(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let mut page: Value = client.request(request).await?;
+        token = page
+            .pointer("/metadata/continue")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned);
+        let items = match page.get_mut("items").map(Value::take) {
+            Some(Value::Array(items)) => items,
+            _ => Vec::new(),
+        };
+        drop(page);
+        let mut views = Vec::with_capacity(items.len());
+        for object in items {
+            let version = object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .and_then(|rv| rv.parse().ok());
+            match view(&object) {
+                Ok(v) => views.push((version, v)),
+                Err(e) => {
+                    let name = |field: &str| object.pointer(field).and_then(Value::as_str).unwrap_or("").to_owned();
+                    tracing::warn!(object = %format!("{}/{}", name("/metadata/namespace"), name("/metadata/name")), error = %e, "ignoring unreadable object");
+                }
             }
         }
         each(views);
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(());
         }

@@ -1,8 +1,8 @@
 //! `node-attestation-signer run`: the management-cluster controller.
 //!
-//! - [`management`]: the Cluster cache, the Cluster API watches that keep only the served
-//!   Clusters' objects ([`shard_store`]) and the namespace lists of gained ones, the claim
-//!   write, Secrets.
+//! - [`management`]: the Cluster cache, the served Clusters' Cluster API objects
+//!   ([`shard_store`], fed by the watches of [`shard_feed`]) and the namespace lists of gained
+//!   ones, the claim write, Secrets.
 //! - [`fleet`]: which workload clusters are served (opt-in, shard, Secrets, shared-CA refusal).
 //! - [`membership`] and [`shard`]: `--coordination=shard`: every replica renews its own Lease
 //!   and serves the Clusters rendezvous hashing assigns it among the live members.
@@ -355,6 +355,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             concurrency: args.concurrency_per_cluster,
             request_timeout: args.request_timeout,
         },
+        states_changed: tokio::sync::Notify::new(),
     });
     // Joined only once the watches have started (the Cluster API objects of its share are then
     // listed as it gains them): until then the peers keep this share.

@@ -19,7 +19,8 @@
 //!    be denied `MachineNotFound`, which is final).
 //!
 //! A released Cluster's objects are dropped at once, and a namespace's KubeadmConfigs with its
-//! last served Cluster.
+//! last served Cluster. When a watch loses its place, [`ShardStore::regain`] empties every
+//! served Cluster and gains it again, so that what the watch missed is listed.
 
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};

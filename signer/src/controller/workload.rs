@@ -108,6 +108,10 @@ pub struct Shared {
     pub crypto: Semaphore,
     /// Tunables.
     pub settings: Settings,
+    /// A worker's state changed: the fleet reports the cluster gauges again at once, not at its
+    /// next pass (up to `--resync-period` later, when a gained Cluster would show `Unreachable`
+    /// for 30 s after its CSRs are watched).
+    pub states_changed: tokio::sync::Notify,
 }
 
 /// One workload cluster's worker.
@@ -258,6 +262,15 @@ impl Worker {
         }
     }
 
+    /// Sets the state; true when it changed (and the fleet is told).
+    fn set_state(&self, state: ClusterState) -> bool {
+        let changed = std::mem::replace(&mut *lock(&self.state), state) != state;
+        if changed {
+            self.shared.states_changed.notify_one();
+        }
+        changed
+    }
+
     /// Whether its Cluster's Machines are listed (the worker decides nothing before).
     fn listed(&self) -> bool {
         self.shared
@@ -356,19 +369,17 @@ impl Worker {
                     for name in listed.drain(..) {
                         self.enqueue(&name);
                     }
-                    if *lock(&self.state) != ClusterState::Ready {
+                    if self.set_state(ClusterState::Ready) {
                         tracing::info!("watching CSRs of the workload cluster");
                         self.nodes.retry_now();
                     }
-                    *lock(&self.state) = ClusterState::Ready;
                     backoff.reset();
                 }
                 Ok(watcher::Event::Init) => listed.clear(),
                 Err(e) => {
-                    if *lock(&self.state) != ClusterState::Unreachable {
+                    if self.set_state(ClusterState::Unreachable) {
                         tracing::warn!(error = %e, "workload apiserver unreachable; retrying with backoff");
                     }
-                    *lock(&self.state) = ClusterState::Unreachable;
                     backoff.wait().await;
                 }
             }
