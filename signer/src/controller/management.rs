@@ -27,6 +27,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::shard_feed;
 use super::shard_store::{Kind, Listed, Served, ShardStore, Ticket};
+use super::view_page::{ReadView, ViewPage};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -411,8 +412,7 @@ impl Management {
             &self.client,
             &self.machine_resource,
             namespace,
-            MachineView::from_object,
-            |page| {
+            |page: Vec<Listed<MachineView>>| {
                 let mut shard = write(&self.shard);
                 for ticket in clusters {
                     let mine: Vec<_> = page
@@ -431,8 +431,7 @@ impl Management {
                 &self.client,
                 resource,
                 namespace,
-                MachinePoolView::from_object,
-                |page| {
+                |page: Vec<Listed<MachinePoolView>>| {
                     let mut shard = write(&self.shard);
                     for ticket in clusters {
                         let mine: Vec<_> = page
@@ -453,8 +452,7 @@ impl Management {
                     &self.client,
                     resource,
                     namespace,
-                    KubeadmConfigView::from_object,
-                    |page| {
+                    |page: Vec<Listed<KubeadmConfigView>>| {
                         merged += page.len();
                         write(&self.shard).fill_namespace_part(ticket, page);
                     },
@@ -571,15 +569,12 @@ fn kind_index(kind: Kind) -> usize {
 }
 
 /// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
-/// time to `each` (a large namespace is never held whole); unreadable ones are left out, as the
-/// watch leaves them out. Each page is read as one JSON tree and each object turned into its
-/// view and dropped in turn: no typed copy of the page is made, which halves what a fill holds
-/// while it streams (and what the allocator keeps of it afterwards).
-async fn for_each_page<V>(
+/// time to `each` (a large namespace is never held whole, and each page is read straight into
+/// views: [`super::view_page`]); unreadable ones are left out, as the watch leaves them out.
+async fn for_each_page<V: ReadView>(
     client: &Client,
     resource: &ApiResource,
     namespace: &str,
-    view: fn(&Value) -> Result<V, ObjectError>,
     mut each: impl FnMut(Vec<Listed<V>>),
 ) -> Result<(), kube::Error> {
     use kube::Resource;
@@ -593,32 +588,12 @@ async fn for_each_page<V>(
         let request = kube::core::Request::new(path.as_str())
             .list(&params)
             .map_err(kube::Error::BuildRequest)?;
-        let mut page: Value = client.request(request).await?;
-        token = page
-            .pointer("/metadata/continue")
-            .and_then(Value::as_str)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned);
-        let items = match page.get_mut("items").map(Value::take) {
-            Some(Value::Array(items)) => items,
-            _ => Vec::new(),
-        };
-        drop(page);
-        let mut views = Vec::with_capacity(items.len());
-        for object in items {
-            let version = object
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .and_then(|rv| rv.parse().ok());
-            match view(&object) {
-                Ok(v) => views.push((version, v)),
-                Err(e) => {
-                    let name = |field: &str| object.pointer(field).and_then(Value::as_str).unwrap_or("").to_owned();
-                    tracing::warn!(object = %format!("{}/{}", name("/metadata/namespace"), name("/metadata/name")), error = %e, "ignoring unreadable object");
-                }
-            }
+        let page: ViewPage<V> = client.request(request).await?;
+        for why in &page.unreadable {
+            tracing::warn!(object = %why, "ignoring unreadable object");
         }
-        each(views);
+        token = page.next;
+        each(page.views);
         if token.is_none() {
             return Ok(());
         }

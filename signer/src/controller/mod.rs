@@ -29,6 +29,7 @@ pub mod queue;
 pub mod shard;
 pub mod shard_feed;
 pub mod shard_store;
+pub mod view_page;
 pub mod workload;
 
 use std::net::SocketAddr;

@@ -102,29 +102,24 @@ fn share_name(field: &mut Arc<str>, shared: &Arc<str>) {
     }
 }
 
-impl Cached for MachineView {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
-        share_name(&mut self.namespace, namespace);
-        if let Some(cluster) = cluster {
-            share_name(&mut self.cluster_name, cluster);
+/// Machines and MachinePools: named, in a namespace, of a Cluster.
+macro_rules! cached_of_a_cluster {
+    ($($view:ty),*) => {$(
+        impl Cached for $view {
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
+                share_name(&mut self.namespace, namespace);
+                if let Some(cluster) = cluster {
+                    share_name(&mut self.cluster_name, cluster);
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl Cached for MachinePoolView {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
-        share_name(&mut self.namespace, namespace);
-        if let Some(cluster) = cluster {
-            share_name(&mut self.cluster_name, cluster);
-        }
-    }
-}
+cached_of_a_cluster!(MachineView, MachinePoolView);
 
 impl Cached for KubeadmConfigView {
     fn name(&self) -> &str {
