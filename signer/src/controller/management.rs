@@ -292,7 +292,9 @@ impl Management {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             waited += 1;
             if waited.is_multiple_of(100) {
-                tracing::warn!("still listing Cluster API objects in the management cluster");
+                tracing::warn!(
+                    "still waiting for the Cluster cache and the Cluster API watches of the management cluster to start"
+                );
             }
         }
         Ok(management)
