@@ -415,13 +415,10 @@ impl Management {
             &self.machine_resource,
             namespace,
             |page: Vec<Listed<MachineView>>| {
+                let mut page = by_cluster(page, |m| &m.cluster_name);
                 let mut shard = write(&self.shard);
                 for ticket in clusters {
-                    let mine: Vec<_> = page
-                        .iter()
-                        .filter(|(_, m)| *m.cluster_name == *ticket.name)
-                        .cloned()
-                        .collect();
+                    let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
                     merged += mine.len();
                     shard.fill_part(ticket, mine, Vec::new());
                 }
@@ -434,13 +431,10 @@ impl Management {
                 resource,
                 namespace,
                 |page: Vec<Listed<MachinePoolView>>| {
+                    let mut page = by_cluster(page, |p| &p.cluster_name);
                     let mut shard = write(&self.shard);
                     for ticket in clusters {
-                        let mine: Vec<_> = page
-                            .iter()
-                            .filter(|(_, p)| *p.cluster_name == *ticket.name)
-                            .cloned()
-                            .collect();
+                        let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
                         merged += mine.len();
                         shard.fill_part(ticket, Vec::new(), mine);
                     }
@@ -545,6 +539,16 @@ impl Management {
         let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), namespace);
         Ok(api.get_opt(name).await?.map(|s| s.data.unwrap_or_default()))
     }
+}
+
+/// A page's views by their `spec.clusterName`: each gained Cluster's share is moved to it, not
+/// copied (one Machine belongs to one Cluster; the others of the namespace are dropped).
+fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> &Arc<str>) -> HashMap<Arc<str>, Vec<Listed<V>>> {
+    let mut by: HashMap<Arc<str>, Vec<Listed<V>>> = HashMap::new();
+    for listed in page {
+        by.entry(Arc::clone(cluster(&listed.1))).or_default().push(listed);
+    }
+    by
 }
 
 /// The claim `object` (as the API server returned it) holds on `target` for `provider_id`.
