@@ -152,7 +152,7 @@ pub struct Evidence<'a> {
     /// The Cluster.
     pub cluster: &'a ClusterView,
     /// EK pins of the Machine or MachinePool.
-    pub ek_pins: &'a [String],
+    pub ek_pins: &'a [&'a str],
     /// The valid claim of the Machine or instance, if any.
     pub claim: Option<&'a KubeletClaim>,
     /// The signer's clock.

@@ -36,6 +36,38 @@ pub struct KubeletClaim {
     pub claimed_at: String,
 }
 
+/// A [`KubeletClaim`] read in place (from a cached Machine's packed strings), so a rule that
+/// scans every Machine of a Cluster for a node name or an EK allocates nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimRecord<'a> {
+    /// The node name the identity was issued for.
+    pub node_name: &'a str,
+    /// The provider ID it was issued for.
+    pub provider_id: &'a str,
+    /// UID of the CSR that claimed it.
+    pub csr_uid: &'a str,
+    /// SHA-256 of the canonical EK SubjectPublicKeyInfo, for TPM-attested claims.
+    pub ek_sha256: Option<&'a str>,
+    /// The cloud instance a cloud identity provider proved.
+    pub instance: Option<&'a str>,
+    /// RFC 3339 time of the claim.
+    pub claimed_at: &'a str,
+}
+
+impl ClaimRecord<'_> {
+    /// The record as an owned claim.
+    pub fn to_owned(self) -> KubeletClaim {
+        KubeletClaim {
+            node_name: self.node_name.to_owned(),
+            provider_id: self.provider_id.to_owned(),
+            csr_uid: self.csr_uid.to_owned(),
+            ek_sha256: self.ek_sha256.map(str::to_owned),
+            instance: self.instance.map(str::to_owned),
+            claimed_at: self.claimed_at.to_owned(),
+        }
+    }
+}
+
 /// The claim as found on an object, relative to the provider ID being asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimState {

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::claim::{ClaimState, PoolClaims};
+mod packed;
+
+use crate::claim::{ClaimRecord, ClaimState, PoolClaims};
 use crate::names::{
     ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_POOL_CLAIMS,
 };
@@ -99,81 +101,117 @@ impl TargetRef {
     }
 }
 
-/// An entry of `status.addresses`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct MachineAddress {
-    /// `Hostname`, `InternalDNS`, `ExternalDNS`, `InternalIP` or `ExternalIP` (borrowed when
-    /// it is one of those: a fleet's cache holds these once, not once per address).
+/// An entry of `status.addresses`, borrowed from its Machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MachineAddress<'a> {
+    /// `Hostname`, `InternalDNS`, `ExternalDNS`, `InternalIP`, `ExternalIP` or another word.
     #[serde(rename = "type")]
-    pub kind: Cow<'static, str>,
+    pub kind: &'a str,
     /// The address.
-    pub address: String,
+    pub address: &'a str,
 }
 
-impl MachineAddress {
+impl MachineAddress<'_> {
     /// A DNS-kind address (`Hostname`, `InternalDNS`, `ExternalDNS`).
     pub fn is_dns(&self) -> bool {
-        matches!(&*self.kind, "Hostname" | "InternalDNS" | "ExternalDNS")
+        matches!(self.kind, "Hostname" | "InternalDNS" | "ExternalDNS")
     }
 
     /// An IP-kind address (`InternalIP`, `ExternalIP`).
     pub fn is_ip(&self) -> bool {
-        matches!(&*self.kind, "InternalIP" | "ExternalIP")
+        matches!(self.kind, "InternalIP" | "ExternalIP")
     }
 }
 
-/// `spec.bootstrap.configRef`, either version.
+/// `spec.bootstrap.configRef`, either version: borrowed from a Machine, owned by a MachinePool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigRef {
-    /// API group (`bootstrap.cluster.x-k8s.io`), from `apiGroup` or `apiVersion` (borrowed when
-    /// it is a known one, like the kind).
-    pub api_group: Cow<'static, str>,
+pub struct ConfigRef<'a> {
+    /// API group (`bootstrap.cluster.x-k8s.io`), from `apiGroup` or `apiVersion`.
+    pub api_group: Cow<'a, str>,
     /// Kind, e.g. `KubeadmConfig`.
-    pub kind: Cow<'static, str>,
+    pub kind: Cow<'a, str>,
     /// Name, in the Machine's namespace.
-    pub name: String,
+    pub name: Cow<'a, str>,
 }
 
-impl ConfigRef {
+impl ConfigRef<'_> {
     /// Whether this names a kubeadm bootstrap config.
     pub fn is_kubeadm(&self) -> bool {
         self.kind == "KubeadmConfig" && self.api_group == "bootstrap.cluster.x-k8s.io"
     }
+
+    /// The same reference, owning its strings (the group and kind borrowed when they are the
+    /// kubeadm config's: a cache of many pools does not hold them once per pool).
+    pub fn into_owned(self) -> ConfigRef<'static> {
+        ConfigRef {
+            api_group: known(&self.api_group, &["bootstrap.cluster.x-k8s.io"]),
+            kind: known(&self.kind, &["KubeadmConfig"]),
+            name: Cow::Owned(self.name.into_owned()),
+        }
+    }
+
+    /// The same reference, borrowed.
+    pub fn borrowed(&self) -> ConfigRef<'_> {
+        ConfigRef {
+            api_group: Cow::Borrowed(&self.api_group),
+            kind: Cow::Borrowed(&self.kind),
+            name: Cow::Borrowed(&self.name),
+        }
+    }
 }
 
-/// What the rules read of a Machine.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the rules read of a Machine. Its strings are packed (see [`packed`]): a replica holds
+/// one of these for every Machine of the Clusters it serves, so they are read through methods.
+#[derive(Clone, PartialEq, Eq)]
 pub struct MachineView {
-    /// metadata.name
-    pub name: String,
     /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
     pub namespace: Arc<str>,
-    /// metadata.uid
-    pub uid: String,
-    /// metadata.resourceVersion (the claim precondition).
-    pub resource_version: Option<String>,
-    /// Which API version it was read as.
-    pub api_version: ApiVersion,
     /// spec.clusterName (shared, like the namespace)
     pub cluster_name: Arc<str>,
-    /// spec.providerID
-    pub provider_id: Option<String>,
+    /// Which API version it was read as.
+    pub api_version: ApiVersion,
     /// metadata.deletionTimestamp is set.
     pub deleting: bool,
     /// Bootstrap data is ready (see [`MachineView::from_object`]).
     pub bootstrap_ready: bool,
-    /// spec.bootstrap.configRef
-    pub bootstrap_config: Option<ConfigRef>,
-    /// spec.infrastructureRef.name
-    pub infrastructure_name: Option<String>,
-    /// status.nodeRef.name
-    pub node_ref: Option<String>,
-    /// status.addresses
-    pub addresses: Vec<MachineAddress>,
-    /// EK pins from the annotation, lowercased.
-    pub ek_pins: Vec<String>,
-    /// The signer's claim, relative to spec.providerID.
-    pub claim: ClaimState,
+    /// What the claim annotation held; its fields are in `strings`.
+    claim: ClaimKind,
+    /// How many `status.addresses` follow the fixed fields in `strings` (two fields each).
+    addresses: u32,
+    /// The fixed fields (see [`field`]), then each address's type and address, then EK pins.
+    strings: packed::Packed,
+}
+
+/// Indices of a [`MachineView`]'s fixed fields in its packed strings.
+mod field {
+    pub(super) const NAME: usize = 0;
+    pub(super) const UID: usize = 1;
+    pub(super) const RESOURCE_VERSION: usize = 2;
+    pub(super) const PROVIDER_ID: usize = 3;
+    pub(super) const CONFIG_GROUP: usize = 4;
+    pub(super) const CONFIG_KIND: usize = 5;
+    pub(super) const CONFIG_NAME: usize = 6;
+    pub(super) const INFRASTRUCTURE_NAME: usize = 7;
+    pub(super) const NODE_REF: usize = 8;
+    pub(super) const CLAIM_NODE_NAME: usize = 9;
+    pub(super) const CLAIM_PROVIDER_ID: usize = 10;
+    pub(super) const CLAIM_CSR_UID: usize = 11;
+    pub(super) const CLAIM_EK: usize = 12;
+    pub(super) const CLAIM_INSTANCE: usize = 13;
+    pub(super) const CLAIM_AT: usize = 14;
+    /// Why an unreadable claim does not decode.
+    pub(super) const CLAIM_ERROR: usize = 15;
+    /// The first address.
+    pub(super) const FIXED: usize = 16;
+}
+
+/// Which [`ClaimState`] a Machine's claim fields make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimKind {
+    Unclaimed,
+    Valid,
+    Stale,
+    Unreadable,
 }
 
 /// What the rules read of a MachinePool.
@@ -198,7 +236,7 @@ pub struct MachinePoolView {
     /// Bootstrap data is ready.
     pub bootstrap_ready: bool,
     /// spec.template.spec.bootstrap.configRef
-    pub bootstrap_config: Option<ConfigRef>,
+    pub bootstrap_config: Option<ConfigRef<'static>>,
     /// status.nodeRefs[].name
     pub node_refs: Vec<String>,
     /// EK pins from the annotation, lowercased (they apply to every instance).
@@ -208,23 +246,43 @@ pub struct MachinePoolView {
 }
 
 /// A KubeadmConfig's join token, reduced to the bootstrap-token user it authenticates as.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KubeadmConfigView {
-    /// metadata.name
-    pub name: String,
     /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
     pub namespace: Arc<str>,
-    /// The token ID of `spec.joinConfiguration.discovery.bootstrapToken.token` (`<id>.<secret>`);
-    /// the secret half is never kept.
-    pub join_token_id: Option<String>,
+    /// metadata.name, then the join token's ID (one allocation: a replica holds one of these
+    /// per Machine it serves).
+    text: Box<str>,
+    /// Where the name ends and the token ID starts.
+    name_end: u32,
 }
 
 impl KubeadmConfigView {
+    /// metadata.name
+    pub fn name(&self) -> &str {
+        self.text.get(..self.name_end as usize).unwrap_or_default()
+    }
+
+    /// The token ID of `spec.joinConfiguration.discovery.bootstrapToken.token` (`<id>.<secret>`);
+    /// the secret half is never kept.
+    pub fn join_token_id(&self) -> Option<&str> {
+        self.text.get(self.name_end as usize..).filter(|id| !id.is_empty())
+    }
+
     /// The username the join token authenticates as.
     pub fn join_username(&self) -> Option<String> {
-        self.join_token_id
-            .as_ref()
+        self.join_token_id()
             .map(|id| format!("{}{id}", crate::names::BOOTSTRAP_USER_PREFIX))
+    }
+}
+
+impl std::fmt::Debug for KubeadmConfigView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeadmConfigView")
+            .field("name", &self.name())
+            .field("namespace", &self.namespace)
+            .field("join_token_id", &self.join_token_id())
+            .finish()
     }
 }
 
@@ -361,50 +419,170 @@ impl MachineView {
             "Machine",
             &["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"],
         )?;
-        let api_version = meta.capi_version();
-        let provider_id = str_at(object, &["spec", "providerID"])
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
-        let addresses = match object.pointer("/status/addresses") {
-            Some(Value::Array(items)) => items
-                .iter()
-                .filter_map(|a| {
-                    Some(MachineAddress {
-                        kind: known(a.get("type")?.as_str()?, ADDRESS_TYPES),
-                        address: a.get("address")?.as_str()?.to_owned(),
-                    })
-                })
-                .collect::<Vec<_>>(),
-            _ => Vec::new(),
+        let cluster_name = meta.required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?;
+        let provider_id = str_at(object, &["spec", "providerID"]).filter(|s| !s.is_empty());
+        let config = config_ref(object.pointer("/spec/bootstrap/configRef"));
+        let claim = ClaimState::of_machine(meta.annotation(ANNOTATION_CLAIM), provider_id);
+        let (claim_kind, record, error) = match &claim {
+            ClaimState::Unclaimed => (ClaimKind::Unclaimed, None, None),
+            ClaimState::Valid(c) => (ClaimKind::Valid, Some(c), None),
+            ClaimState::Stale(c) => (ClaimKind::Stale, Some(c), None),
+            ClaimState::Unreadable(e) => (ClaimKind::Unreadable, None, Some(e.as_str())),
         };
-        let mut addresses = addresses;
-        addresses.shrink_to_fit();
+        let mut strings = packed::Packer::default();
+        strings.push(Some(&meta.name));
+        strings.push(Some(&meta.uid));
+        strings.push(meta.resource_version.as_deref());
+        strings.push(provider_id);
+        strings.push(config.as_ref().map(|c| &*c.api_group));
+        strings.push(config.as_ref().map(|c| &*c.kind));
+        strings.push(config.as_ref().map(|c| &*c.name));
+        strings.push(str_at(object, &["spec", "infrastructureRef", "name"]));
+        strings.push(str_at(object, &["status", "nodeRef", "name"]).filter(|s| !s.is_empty()));
+        strings.push(record.map(|c| c.node_name.as_str()));
+        strings.push(record.map(|c| c.provider_id.as_str()));
+        strings.push(record.map(|c| c.csr_uid.as_str()));
+        strings.push(record.and_then(|c| c.ek_sha256.as_deref()));
+        strings.push(record.and_then(|c| c.instance.as_deref()));
+        strings.push(record.map(|c| c.claimed_at.as_str()));
+        strings.push(error);
+        let mut addresses = 0u32;
+        if let Some(Value::Array(items)) = object.pointer("/status/addresses") {
+            for item in items {
+                let kind = item.get("type").and_then(Value::as_str);
+                let address = item.get("address").and_then(Value::as_str);
+                if let (Some(kind), Some(address)) = (kind, address) {
+                    strings.push(Some(kind));
+                    strings.push(Some(address));
+                    addresses = addresses.saturating_add(1);
+                }
+            }
+        }
+        for pin in meta.ek_pins() {
+            strings.push(Some(&pin));
+        }
         Ok(Self {
-            cluster_name: meta
-                .required_str(object, "Machine", &["spec", "clusterName"], "spec.clusterName")?
-                .into(),
-            bootstrap_ready: bootstrap_ready(object),
-            bootstrap_config: config_ref(object.pointer("/spec/bootstrap/configRef")),
-            infrastructure_name: str_at(object, &["spec", "infrastructureRef", "name"]).map(str::to_owned),
-            node_ref: str_at(object, &["status", "nodeRef", "name"])
-                .filter(|s| !s.is_empty())
-                .map(str::to_owned),
-            addresses,
-            ek_pins: meta.ek_pins(),
-            claim: ClaimState::of_machine(meta.annotation(ANNOTATION_CLAIM), provider_id.as_deref()),
-            provider_id,
+            namespace: meta.namespace.as_str().into(),
+            cluster_name: cluster_name.into(),
+            api_version: meta.capi_version(),
             deleting: meta.deleting,
-            api_version,
-            resource_version: meta.resource_version,
-            name: meta.name,
-            namespace: meta.namespace.into(),
-            uid: meta.uid,
+            bootstrap_ready: bootstrap_ready(object),
+            claim: claim_kind,
+            addresses,
+            strings: strings.finish(),
         })
+    }
+
+    /// metadata.name
+    pub fn name(&self) -> &str {
+        self.strings.get(field::NAME).unwrap_or_default()
+    }
+
+    /// metadata.uid
+    pub fn uid(&self) -> &str {
+        self.strings.get(field::UID).unwrap_or_default()
+    }
+
+    /// metadata.resourceVersion (the claim precondition).
+    pub fn resource_version(&self) -> Option<&str> {
+        self.strings.get(field::RESOURCE_VERSION)
+    }
+
+    /// spec.providerID, when set and not empty.
+    pub fn provider_id(&self) -> Option<&str> {
+        self.strings.get(field::PROVIDER_ID)
+    }
+
+    /// spec.bootstrap.configRef
+    pub fn bootstrap_config(&self) -> Option<ConfigRef<'_>> {
+        Some(ConfigRef {
+            api_group: Cow::Borrowed(self.strings.get(field::CONFIG_GROUP)?),
+            kind: Cow::Borrowed(self.strings.get(field::CONFIG_KIND)?),
+            name: Cow::Borrowed(self.strings.get(field::CONFIG_NAME)?),
+        })
+    }
+
+    /// spec.infrastructureRef.name
+    pub fn infrastructure_name(&self) -> Option<&str> {
+        self.strings.get(field::INFRASTRUCTURE_NAME)
+    }
+
+    /// status.nodeRef.name, when set and not empty.
+    pub fn node_ref(&self) -> Option<&str> {
+        self.strings.get(field::NODE_REF)
+    }
+
+    /// status.addresses
+    pub fn addresses(&self) -> impl Iterator<Item = MachineAddress<'_>> {
+        (0..self.addresses as usize).filter_map(|i| {
+            Some(MachineAddress {
+                kind: self.strings.get(field::FIXED + 2 * i)?,
+                address: self.strings.get(field::FIXED + 2 * i + 1)?,
+            })
+        })
+    }
+
+    /// EK pins from the annotation, lowercased.
+    pub fn ek_pins(&self) -> impl Iterator<Item = &str> {
+        let from = field::FIXED + 2 * self.addresses as usize;
+        self.strings.range(from, self.strings.len().saturating_sub(from))
+    }
+
+    /// The signer's claim, relative to spec.providerID (built on each call: use
+    /// [`MachineView::valid_claim`] to look without allocating).
+    pub fn claim(&self) -> ClaimState {
+        match self.claim {
+            ClaimKind::Unclaimed => ClaimState::Unclaimed,
+            ClaimKind::Unreadable => {
+                ClaimState::Unreadable(self.strings.get(field::CLAIM_ERROR).unwrap_or_default().to_owned())
+            }
+            ClaimKind::Valid => ClaimState::Valid(self.record().to_owned()),
+            ClaimKind::Stale => ClaimState::Stale(self.record().to_owned()),
+        }
+    }
+
+    /// The claim, when it is valid for spec.providerID.
+    pub fn valid_claim(&self) -> Option<ClaimRecord<'_>> {
+        (self.claim == ClaimKind::Valid).then(|| self.record())
+    }
+
+    fn record(&self) -> ClaimRecord<'_> {
+        let get = |i| self.strings.get(i).unwrap_or_default();
+        ClaimRecord {
+            node_name: get(field::CLAIM_NODE_NAME),
+            provider_id: get(field::CLAIM_PROVIDER_ID),
+            csr_uid: get(field::CLAIM_CSR_UID),
+            ek_sha256: self.strings.get(field::CLAIM_EK),
+            instance: self.strings.get(field::CLAIM_INSTANCE),
+            claimed_at: get(field::CLAIM_AT),
+        }
     }
 
     /// A reference for claims and Events.
     pub fn target(&self) -> TargetRef {
-        TargetRef::machine(&self.name, &self.namespace, &self.uid)
+        TargetRef::machine(self.name(), &self.namespace, self.uid())
+    }
+}
+
+impl std::fmt::Debug for MachineView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MachineView")
+            .field("name", &self.name())
+            .field("namespace", &self.namespace)
+            .field("uid", &self.uid())
+            .field("resource_version", &self.resource_version())
+            .field("api_version", &self.api_version)
+            .field("cluster_name", &self.cluster_name)
+            .field("provider_id", &self.provider_id())
+            .field("deleting", &self.deleting)
+            .field("bootstrap_ready", &self.bootstrap_ready)
+            .field("bootstrap_config", &self.bootstrap_config())
+            .field("infrastructure_name", &self.infrastructure_name())
+            .field("node_ref", &self.node_ref())
+            .field("addresses", &self.addresses().collect::<Vec<_>>())
+            .field("ek_pins", &self.ek_pins().collect::<Vec<_>>())
+            .field("claim", &self.claim())
+            .finish()
     }
 }
 
@@ -431,7 +609,8 @@ impl MachinePoolView {
                 .into(),
             provider_ids: strings("/spec/providerIDList", ""),
             bootstrap_ready: bootstrap_ready(object),
-            bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef")),
+            bootstrap_config: config_ref(object.pointer("/spec/template/spec/bootstrap/configRef"))
+                .map(ConfigRef::into_owned),
             node_refs: strings("/status/nodeRefs", "/name"),
             ek_pins: meta.ek_pins(),
             claims: PoolClaims::parse(meta.annotation(ANNOTATION_POOL_CLAIMS)),
@@ -466,12 +645,18 @@ impl KubeadmConfigView {
             &["spec", "joinConfiguration", "discovery", "bootstrapToken", "token"],
         )
         .and_then(|token| token.split_once('.'))
-        .map(|(id, _secret)| id.to_owned())
-        .filter(|id| !id.is_empty());
+        .map(|(id, _secret)| id)
+        .unwrap_or_default();
+        let name_end = u32::try_from(meta.name.len()).map_err(|_| ObjectError::Field {
+            kind: "KubeadmConfig",
+            name: String::new(),
+            field: "metadata.name",
+            expected: "name",
+        })?;
         Ok(Self {
-            name: meta.name,
-            namespace: meta.namespace.into(),
-            join_token_id,
+            namespace: meta.namespace.as_str().into(),
+            text: format!("{}{join_token_id}", meta.name).into_boxed_str(),
+            name_end,
         })
     }
 }
@@ -482,21 +667,18 @@ pub enum CapiObject {
     /// A Machine.
     Machine(MachineView),
     /// A MachinePool.
-    MachinePool(MachinePoolView),
+    MachinePool(Box<MachinePoolView>),
 }
 
 impl CapiObject {
     /// Reads a Machine or MachinePool, by its `kind`.
     pub fn from_object(object: &Value) -> Result<Self, ObjectError> {
         match object.get("kind").and_then(Value::as_str) {
-            Some("MachinePool") => MachinePoolView::from_object(object).map(Self::MachinePool),
+            Some("MachinePool") => MachinePoolView::from_object(object).map(|p| Self::MachinePool(Box::new(p))),
             _ => MachineView::from_object(object).map(Self::Machine),
         }
     }
 }
-
-/// The address types Cluster API defines.
-const ADDRESS_TYPES: &[&str] = &["Hostname", "InternalDNS", "ExternalDNS", "InternalIP", "ExternalIP"];
 
 /// `value`, borrowed from `table` when it is there, so a cache of many objects does not hold
 /// the same few words once per object.
@@ -528,7 +710,7 @@ fn bootstrap_ready(object: &Value) -> bool {
         || condition("/status/v1beta2/conditions")
 }
 
-fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
+fn config_ref(value: Option<&Value>) -> Option<ConfigRef<'_>> {
     let value = value?;
     let api_group = match value.get("apiGroup").and_then(Value::as_str) {
         Some(group) => group,
@@ -536,9 +718,9 @@ fn config_ref(value: Option<&Value>) -> Option<ConfigRef> {
         None => value.get("apiVersion")?.as_str()?.split('/').next()?,
     };
     Some(ConfigRef {
-        api_group: known(api_group, &["bootstrap.cluster.x-k8s.io"]),
-        kind: known(value.get("kind")?.as_str()?, &["KubeadmConfig"]),
-        name: value.get("name")?.as_str()?.to_owned(),
+        api_group: Cow::Borrowed(api_group),
+        kind: Cow::Borrowed(value.get("kind")?.as_str()?),
+        name: Cow::Borrowed(value.get("name")?.as_str()?),
     })
 }
 
@@ -661,7 +843,85 @@ mod tests {
             },
             b
         );
-        assert!(b.bootstrap_ready && b.bootstrap_config.as_ref().is_some_and(ConfigRef::is_kubeadm));
+        assert!(b.bootstrap_ready && b.bootstrap_config().as_ref().is_some_and(ConfigRef::is_kubeadm));
+    }
+
+    /// A running, claimed Machine as Cluster API and a provider write it.
+    fn running_machine() -> Value {
+        let claim = json!({"nodeName": "ip-10-0-0-7.ec2.internal", "providerID": "aws:///us-east-1a/i-0abc",
+                           "csrUID": "7d1c1f9e-2c4b-4f7a-9a58-0f3f5d7b9e21", "ekSHA256": "ab12", "claimedAt": "2026-11-25T10:00:00Z"});
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "c-md-0-x", "namespace": "ns", "uid": "u-1", "resourceVersion": "42",
+                         "annotations": {"cluster.x-k8s.io/kubelet-claim": claim.to_string(),
+                                         "cluster.x-k8s.io/tpm-ek-sha256": "AB12, cd34"}},
+            "spec": {"clusterName": "c", "providerID": "aws:///us-east-1a/i-0abc",
+                     "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "c-md-0-x"}},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "AWSMachine", "name": "c-md-0-x"}},
+            "status": {"nodeRef": {"name": "ip-10-0-0-7.ec2.internal"},
+                       "addresses": [{"type": "InternalIP", "address": "10.0.0.7"},
+                                     {"type": "InternalDNS", "address": "ip-10-0-0-7.ec2.internal"},
+                                     {"type": "Custom", "address": "x"}, {"type": "Hostname"}]}
+        })
+    }
+
+    #[test]
+    fn a_packed_machine_reads_back_what_the_object_says_and_holds_each_name_once() {
+        let object = running_machine();
+        let m = MachineView::from_object(&object).unwrap();
+        assert_eq!(
+            (m.name(), m.uid(), m.resource_version()),
+            ("c-md-0-x", "u-1", Some("42"))
+        );
+        assert_eq!((&*m.namespace, &*m.cluster_name), ("ns", "c"));
+        assert_eq!(m.provider_id(), Some("aws:///us-east-1a/i-0abc"));
+        assert_eq!(m.infrastructure_name(), Some("c-md-0-x"));
+        assert_eq!(m.node_ref(), Some("ip-10-0-0-7.ec2.internal"));
+        assert!(
+            m.bootstrap_config()
+                .is_some_and(|c| c.is_kubeadm() && c.name == "c-md-0-x")
+        );
+        let addresses: Vec<(&str, &str)> = m.addresses().map(|a| (a.kind, a.address)).collect();
+        assert_eq!(
+            addresses,
+            [
+                ("InternalIP", "10.0.0.7"),
+                ("InternalDNS", "ip-10-0-0-7.ec2.internal"),
+                ("Custom", "x")
+            ]
+        );
+        assert_eq!(m.ek_pins().collect::<Vec<_>>(), ["ab12", "cd34"]);
+        let expected = ClaimState::of_machine(
+            object
+                .pointer("/metadata/annotations/cluster.x-k8s.io~1kubelet-claim")
+                .and_then(Value::as_str),
+            m.provider_id(),
+        );
+        assert!(matches!(expected, ClaimState::Valid(_)));
+        assert_eq!(m.claim(), expected);
+        assert_eq!(m.valid_claim().map(ClaimRecord::to_owned).as_ref(), expected.valid());
+        // The Machine's name, provider ID and node name each appear once in its text.
+        let packed = &m.strings;
+        let stored: String = (0..packed.len()).filter_map(|i| packed.get(i)).collect();
+        assert!(stored.matches("c-md-0-x").count() >= 3, "read back through every field");
+        assert_eq!(packed.text_len(), "c-md-0-xu-142aws:///us-east-1a/i-0abcip-10-0-0-7.ec2.internal7d1c1f9e-2c4b-4f7a-9a58-0f3f5d7b9e21ab122026-11-25T10:00:00Z10.0.0.7Customxcd34".len());
+    }
+
+    #[test]
+    fn stale_and_unreadable_claims_survive_packing() {
+        let mut object = running_machine();
+        object["spec"]["providerID"] = json!("aws:///us-east-1a/i-0new");
+        let stale = MachineView::from_object(&object).unwrap();
+        assert!(matches!(stale.claim(), ClaimState::Stale(c) if c.provider_id == "aws:///us-east-1a/i-0abc"));
+        assert_eq!(stale.valid_claim(), None);
+        object["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"] = json!("{not json");
+        let unreadable = MachineView::from_object(&object).unwrap();
+        assert!(matches!(unreadable.claim(), ClaimState::Unreadable(e) if e.contains("does not decode")));
+        object["metadata"]["annotations"] = json!({});
+        assert_eq!(
+            MachineView::from_object(&object).unwrap().claim(),
+            ClaimState::Unclaimed
+        );
     }
 
     #[test]

@@ -134,7 +134,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         for object in read_objects(path)? {
             match CapiObject::from_object(&object).with_context(|| format!("in {}", path.display()))? {
                 CapiObject::Machine(m) => inventory.machines.push(m.into()),
-                CapiObject::MachinePool(p) => inventory.pools.push(p.into()),
+                CapiObject::MachinePool(p) => inventory.pools.push((*p).into()),
             }
         }
     }

@@ -48,7 +48,7 @@ enum Target<'a> {
 impl<'a> Target<'a> {
     fn describe(&self) -> String {
         match self {
-            Self::Machine(m) => format!("Machine {}", m.name),
+            Self::Machine(m) => format!("Machine {}", m.name()),
             Self::Pool(p) => format!("MachinePool {}", p.name),
         }
     }
@@ -69,28 +69,28 @@ impl<'a> Target<'a> {
 
     fn claim(&self, provider_id: &ProviderId) -> ClaimState {
         match self {
-            Self::Machine(m) => m.claim.clone(),
+            Self::Machine(m) => m.claim(),
             Self::Pool(p) => p.claims.instance(provider_id.as_str()),
         }
     }
 
-    fn bootstrap_config(&self) -> Option<&'a ConfigRef> {
+    fn bootstrap_config(&self) -> Option<ConfigRef<'a>> {
         match self {
-            Self::Machine(m) => m.bootstrap_config.as_ref(),
-            Self::Pool(p) => p.bootstrap_config.as_ref(),
+            Self::Machine(m) => m.bootstrap_config(),
+            Self::Pool(p) => p.bootstrap_config.as_ref().map(ConfigRef::borrowed),
         }
     }
 
-    fn ek_pins(&self) -> &'a [String] {
+    fn ek_pins(&self) -> Vec<&'a str> {
         match self {
-            Self::Machine(m) => &m.ek_pins,
-            Self::Pool(p) => &p.ek_pins,
+            Self::Machine(m) => m.ek_pins().collect(),
+            Self::Pool(p) => p.ek_pins.iter().map(String::as_str).collect(),
         }
     }
 
     fn node_registered(&self, name: &NodeName) -> Option<String> {
         match self {
-            Self::Machine(m) => m.node_ref.as_ref().map(|n| format!("status.nodeRef is {}", shown(n))),
+            Self::Machine(m) => m.node_ref().map(|n| format!("status.nodeRef is {}", shown(n))),
             Self::Pool(p) => p
                 .node_refs
                 .iter()
@@ -228,6 +228,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     if let (false, Some((verifier, version)), Some(target), Some(claim), Some(pid)) =
         (book.any_failed(), verifier, target, &claim, provider_id.as_ref())
     {
+        let ek_pins = target.ek_pins();
         let evidence = Evidence {
             version,
             data: envelope.data.as_deref(),
@@ -236,7 +237,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             object: csr,
             csrs: inputs.csrs,
             cluster: inputs.cluster,
-            ek_pins: target.ek_pins(),
+            ek_pins: &ek_pins,
             claim: claim.valid(),
             now: inputs.clock.now,
         };
@@ -351,7 +352,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
 fn ek_binding(target: Target<'_>, claim: &ClaimState) -> Option<String> {
     let pinned = target
         .ek_pins()
-        .iter()
+        .into_iter()
         .flat_map(|p| p.split(','))
         .any(|p| !p.trim().is_empty());
     if pinned {
@@ -399,24 +400,23 @@ fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName,
         if !ours(&m.namespace, &m.cluster_name) || m.target() == this {
             return None;
         }
-        let how = if m.claim.valid().is_some_and(|c| c.node_name == name) {
+        let how = if m.valid_claim().is_some_and(|c| c.node_name == name) {
             "its claim"
-        } else if m.node_ref.as_deref() == Some(name) {
+        } else if m.node_ref() == Some(name) {
             "its status.nodeRef"
-        } else if for_pool && m.name == name {
+        } else if for_pool && m.name() == name {
             "its name"
-        } else if for_pool && m.infrastructure_name.as_deref() == Some(name) {
+        } else if for_pool && m.infrastructure_name() == Some(name) {
             "its infrastructure name"
         } else if for_pool
-            && m.addresses
-                .iter()
+            && m.addresses()
                 .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name))
         {
             "a Hostname/DNS address"
         } else {
             return None;
         };
-        Some(format!("Machine {} ({how})", m.name))
+        Some(format!("Machine {} ({how})", m.name()))
     });
     machine.or_else(|| {
         inputs
@@ -464,16 +464,16 @@ fn ek_conflict(
         ));
     }
     let this = target.reference();
-    fn held<'c>(ek: &str, pins: &[String], mut claims: impl Iterator<Item = &'c KubeletClaim>) -> bool {
-        pins.iter()
-            .any(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case(ek)))
-            || claims.any(|c| c.ek_sha256.as_deref() == Some(ek))
+    fn held<'c>(ek: &str, mut pins: impl Iterator<Item = &'c str>, mut claimed: impl Iterator<Item = &'c str>) -> bool {
+        pins.any(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case(ek))) || claimed.any(|c| c == ek)
     }
     let ours = |namespace: &str, cluster: &str| namespace == inputs.cluster.namespace && cluster == inputs.cluster.name;
     let elsewhere = inputs.inventory.machines.iter().find(|m| {
-        ours(&m.namespace, &m.cluster_name) && m.target() != this && held(ek, &m.ek_pins, m.claim.valid().into_iter())
+        ours(&m.namespace, &m.cluster_name)
+            && m.target() != this
+            && held(ek, m.ek_pins(), m.valid_claim().and_then(|c| c.ek_sha256).into_iter())
     });
-    let holder = elsewhere.map(|m| format!("Machine {}", m.name)).or_else(|| {
+    let holder = elsewhere.map(|m| format!("Machine {}", m.name())).or_else(|| {
         inputs
             .inventory
             .pools
@@ -484,8 +484,10 @@ fn ek_conflict(
                 let others = p
                     .claims
                     .records()
-                    .filter(|c| !same || Some(c.provider_id.as_str()) != provider_id.map(ProviderId::as_str));
-                ours(&p.namespace, &p.cluster_name) && held(ek, if same { &[] } else { &p.ek_pins }, others)
+                    .filter(|c| !same || Some(c.provider_id.as_str()) != provider_id.map(ProviderId::as_str))
+                    .filter_map(|c| c.ek_sha256.as_deref());
+                let pins = p.ek_pins.iter().filter(|_| !same).map(String::as_str);
+                ours(&p.namespace, &p.cluster_name) && held(ek, pins, others)
             })
             .map(|p| format!("MachinePool {}", p.name))
     });
@@ -623,7 +625,7 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
         .machines
         .iter()
         .map(AsRef::as_ref)
-        .filter(|m| ours(&m.name, &m.namespace, &m.cluster_name))
+        .filter(|m| ours(m.name(), &m.namespace, &m.cluster_name))
         .collect();
     let pools: Vec<&MachinePoolView> = inputs
         .inventory
@@ -636,7 +638,7 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
     let matching: Vec<&MachineView> = machines
         .iter()
         .copied()
-        .filter(|m| m.provider_id.as_deref() == Some(pid.as_str()))
+        .filter(|m| m.provider_id() == Some(pid.as_str()))
         .collect();
     let target = match matching.as_slice() {
         [one] => Target::Machine(one),
@@ -651,8 +653,8 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
                 [] => {
                     let unset: Vec<&str> = machines
                         .iter()
-                        .filter(|m| m.provider_id.is_none())
-                        .map(|m| m.name.as_str())
+                        .filter(|m| m.provider_id().is_none())
+                        .map(|m| m.name())
                         .collect();
                     let message = format!(
                         "no Machine or MachinePool of Cluster {} has provider ID {}",
@@ -689,7 +691,7 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
             }
         }
         many => {
-            let names: Vec<&str> = many.iter().take(4).map(|m| m.name.as_str()).collect();
+            let names: Vec<&str> = many.iter().take(4).map(|m| m.name()).collect();
             book.fail(
                 Rule::Machine,
                 DenyReason::MachineNotFound,
@@ -739,7 +741,7 @@ fn bind_requester(
                     .inventory
                     .kubeadm_configs
                     .iter()
-                    .find(|k| k.name == config.name && *k.namespace == *target.namespace());
+                    .find(|k| k.name() == config.name && *k.namespace == *target.namespace());
                 match found.map(|k| k.join_username()) {
                     None => book.pending(
                         Rule::Requester,
@@ -811,24 +813,23 @@ fn check_node_name(
                 Err(format!("the claim is for node {}", shown(&c.node_name)))
             }
         }
-        (_, Target::Machine(m)) => match &m.node_ref {
+        (_, Target::Machine(m)) => match m.node_ref() {
             Some(node_ref) if node_ref == name.as_str() => Ok("status.nodeRef.name".to_owned()),
             Some(node_ref) => Err(format!("status.nodeRef.name is {}", shown(node_ref))),
             None => {
-                if m.name == name.as_str() {
+                if m.name() == name.as_str() {
                     Ok("the Machine name".to_owned())
-                } else if m.infrastructure_name.as_deref() == Some(name.as_str()) {
+                } else if m.infrastructure_name() == Some(name.as_str()) {
                     Ok("spec.infrastructureRef.name".to_owned())
                 } else if let Some(a) = m
-                    .addresses
-                    .iter()
+                    .addresses()
                     .find(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str()))
                 {
                     Ok(format!("the {} address", a.kind))
                 } else {
                     Err(format!(
                         "neither the Machine name {}, its infrastructure name, nor a Hostname/DNS address",
-                        shown(&m.name)
+                        shown(m.name())
                     ))
                 }
             }
@@ -1043,7 +1044,7 @@ fn claim_write(
         claimed_at: inputs.clock.now.format(&Rfc3339).unwrap_or_default(),
     };
     Some(match target {
-        Target::Machine(m) => ClaimWrite::machine(m.target(), m.resource_version.clone(), record),
+        Target::Machine(m) => ClaimWrite::machine(m.target(), m.resource_version().map(str::to_owned), record),
         Target::Pool(p) => ClaimWrite::pool(
             p.target(),
             p.resource_version.clone(),

@@ -30,7 +30,7 @@ struct Owner<'a> {
     target: TargetRef,
     described: String,
     /// `None` for a MachinePool instance: pools carry no per-instance addresses.
-    addresses: Option<&'a [MachineAddress]>,
+    addresses: Option<Vec<MachineAddress<'a>>>,
 }
 
 pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
@@ -165,8 +165,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .iter()
         .filter(|m| *m.namespace == *cluster.namespace && *m.cluster_name == *cluster.name)
         .filter(|m| {
-            m.node_ref.as_deref() == Some(name.as_str())
-                || m.claim.valid().is_some_and(|c| c.node_name == name.as_str())
+            m.node_ref() == Some(name.as_str()) || m.claim().valid().is_some_and(|c| c.node_name == name.as_str())
         })
         .collect();
     let pools: Vec<_> = inputs
@@ -186,8 +185,8 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
     let owner = match (machines.as_slice(), pools.as_slice()) {
         ([m], []) => Owner {
             target: m.target(),
-            described: format!("Machine {}", m.name),
-            addresses: Some(&m.addresses),
+            described: format!("Machine {}", m.name()),
+            addresses: Some(m.addresses().collect()),
         },
         ([], [p]) => Owner {
             target: p.target(),
@@ -218,7 +217,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
 }
 
 fn check_sans_against_addresses(book: &mut Book, parsed: &ParsedCsr, owner: &Owner<'_>) {
-    let Some(addresses) = owner.addresses else {
+    let Some(addresses) = &owner.addresses else {
         book.pending_or(
             Rule::SubjectAltNames,
             DenyReason::ForbiddenSan,

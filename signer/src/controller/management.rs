@@ -562,7 +562,7 @@ fn claim_of(target: &TargetRef, provider_id: &str, object: &DynamicObject) -> Re
     let value = serde_json::to_value(object).map_err(|e| ApplyError::Transient(e.to_string()))?;
     Ok(match target.kind {
         TargetKind::Machine => MachineView::from_object(&value)
-            .map(|m| m.claim)
+            .map(|m| m.claim())
             .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
         TargetKind::MachinePool => MachinePoolView::from_object(&value)
             .map(|p| p.claims.instance(provider_id))

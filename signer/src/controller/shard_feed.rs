@@ -159,7 +159,7 @@ fn view_of(kind: Kind, object: &DynamicObject) -> Option<Object> {
         .and_then(|value| {
             match kind {
                 Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
-                Kind::MachinePool => MachinePoolView::from_object(&value).map(Object::MachinePool),
+                Kind::MachinePool => MachinePoolView::from_object(&value).map(|p| Object::MachinePool(Box::new(p))),
                 Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
             }
             .map_err(|e| e.to_string())

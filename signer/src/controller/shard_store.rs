@@ -61,7 +61,7 @@ pub enum Object {
     /// A Machine.
     Machine(MachineView),
     /// A MachinePool.
-    MachinePool(MachinePoolView),
+    MachinePool(Box<MachinePoolView>),
     /// A KubeadmConfig.
     KubeadmConfig(KubeadmConfigView),
 }
@@ -104,10 +104,11 @@ fn share_name(field: &mut Arc<str>, shared: &Arc<str>) {
 
 /// Machines and MachinePools: named, in a namespace, of a Cluster.
 macro_rules! cached_of_a_cluster {
-    ($($view:ty),*) => {$(
+    ($($view:ty: |$this:ident| $name:expr),*) => {$(
         impl Cached for $view {
             fn name(&self) -> &str {
-                &self.name
+                let $this = self;
+                $name
             }
             fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
                 share_name(&mut self.namespace, namespace);
@@ -119,11 +120,11 @@ macro_rules! cached_of_a_cluster {
     )*};
 }
 
-cached_of_a_cluster!(MachineView, MachinePoolView);
+cached_of_a_cluster!(MachineView: |m| m.name(), MachinePoolView: |p| &p.name);
 
 impl Cached for KubeadmConfigView {
     fn name(&self) -> &str {
-        &self.name
+        KubeadmConfigView::name(self)
     }
     fn share(&mut self, namespace: &Arc<str>, _cluster: Option<&Arc<str>>) {
         share_name(&mut self.namespace, namespace);
@@ -397,7 +398,7 @@ impl ShardStore {
         };
         match view {
             Some(Object::Machine(v)) => slot.machines.put(resource_version, v),
-            Some(Object::MachinePool(v)) => slot.pools.put(resource_version, v),
+            Some(Object::MachinePool(v)) => slot.pools.put(resource_version, *v),
             _ => {
                 match kind {
                     Kind::Machine => slot.machines.remove(&name),
@@ -650,7 +651,7 @@ mod tests {
         let mut ids: Vec<String> = inventory
             .machines
             .iter()
-            .filter_map(|m| m.provider_id.clone())
+            .filter_map(|m| m.provider_id().map(str::to_owned))
             .collect();
         ids.sort();
         ids
@@ -706,12 +707,7 @@ mod tests {
         assert!(store.apply(change("a", "mine", 5, Some("p-a2"))));
         let inventory = store.inventory("ns", "mine").unwrap();
         assert_eq!(inventory.machines.len(), 3);
-        assert!(
-            inventory
-                .machines
-                .iter()
-                .any(|m| m.provider_id.as_deref() == Some("p-a2"))
-        );
+        assert!(inventory.machines.iter().any(|m| m.provider_id() == Some("p-a2")));
     }
 
     #[test]
@@ -880,7 +876,7 @@ mod tests {
         assert!(store.fill_namespace_part(&again.namespaces[0], vec![(Some(2), config("kc"))]));
         assert!(store.namespace_filled(&again.namespaces[0]));
         let inventory = store.inventory("ns", "mine").unwrap();
-        let mut names: Vec<&str> = inventory.machines.iter().map(|m| m.name.as_str()).collect();
+        let mut names: Vec<&str> = inventory.machines.iter().map(|m| m.name()).collect();
         names.sort_unstable();
         assert_eq!(names, ["kept", "new"]);
     }

@@ -158,7 +158,7 @@ mod tests {
         assert_eq!(page.next.as_deref(), Some("next-page"));
         assert_eq!(page.views.len(), 1);
         assert_eq!(page.views[0].0, Some(7));
-        assert_eq!(page.views[0].1.provider_id.as_deref(), Some("aws:///z/i-0"));
+        assert_eq!(page.views[0].1.provider_id(), Some("aws:///z/i-0"));
         assert_eq!(page.unreadable.len(), 1);
         assert!(page.unreadable[0].starts_with("ns/broken: "), "{:?}", page.unreadable);
     }

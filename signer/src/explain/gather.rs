@@ -163,7 +163,7 @@ impl ManagementReader {
             .context("cannot list Machines")?;
         let found = views(&machines.items, MachineView::from_object, &mut unreadable)
             .into_iter()
-            .find(|m| m.provider_id.as_deref() == Some(provider_id))
+            .find(|m| m.provider_id() == Some(provider_id))
             .map(|m| (m.namespace.to_string(), m.cluster_name.to_string()));
         if let Some(found) = found {
             return Ok(found);
@@ -251,7 +251,7 @@ impl ManagementReader {
                 return Vec::new();
             }
         };
-        let mut uids: std::collections::HashSet<&str> = inventory.machines.iter().map(|m| m.uid.as_str()).collect();
+        let mut uids: std::collections::HashSet<&str> = inventory.machines.iter().map(|m| m.uid()).collect();
         uids.extend(inventory.pools.iter().map(|p| p.uid.as_str()));
         uids.insert(cluster.uid.as_str());
         let mut lines: Vec<EventLine> = items

@@ -255,30 +255,30 @@ pub fn judged_machine(
     let machine = inventory
         .machines
         .iter()
-        .find(|m| target.is_some_and(|t| t.kind == TargetKind::Machine && m.uid == t.uid))
+        .find(|m| target.is_some_and(|t| t.kind == TargetKind::Machine && m.uid() == t.uid))
         .or_else(|| {
             target.is_none().then_some(())?;
             inventory
                 .machines
                 .iter()
-                .find(|m| pid.is_some() && m.provider_id.as_deref() == pid)
+                .find(|m| pid.is_some() && m.provider_id() == pid)
                 .or_else(|| {
                     inventory
                         .machines
                         .iter()
-                        .find(|m| requested.node.as_deref() == Some(m.name.as_str()))
+                        .find(|m| requested.node.as_deref() == Some(m.name()))
                 })
         })?;
     Some(JudgedMachine {
         kind: "Machine".into(),
-        name: format!("{}/{}", machine.namespace, machine.name),
-        uid: machine.uid.clone(),
-        provider_id: machine.provider_id.clone(),
-        node_ref: machine.node_ref.clone(),
+        name: format!("{}/{}", machine.namespace, machine.name()),
+        uid: machine.uid().to_owned(),
+        provider_id: machine.provider_id().map(str::to_owned),
+        node_ref: machine.node_ref().map(str::to_owned),
         bootstrap_ready: machine.bootstrap_ready,
         deleting: machine.deleting,
-        ek_pins: machine.ek_pins.clone(),
-        claim: claim_view(&machine.claim, csr, csrs),
+        ek_pins: machine.ek_pins().map(str::to_owned).collect(),
+        claim: claim_view(&machine.claim(), csr, csrs),
     })
 }
 
