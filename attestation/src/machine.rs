@@ -16,6 +16,7 @@ mod packed;
 use crate::claim::{ClaimRecord, ClaimState, PoolClaims};
 use crate::names::{
     ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_POOL_CLAIMS,
+    LABEL_CLUSTER_NAME,
 };
 
 /// Why an object cannot be read as the view asked for.
@@ -250,6 +251,9 @@ pub struct MachinePoolView {
 pub struct KubeadmConfigView {
     /// metadata.namespace (shared: the shard cache holds one per Cluster, not per object)
     pub namespace: Arc<str>,
+    /// The `cluster.x-k8s.io/cluster-name` label (shared like the namespace): a config labeled
+    /// for another Cluster is not one a Machine of this Cluster bootstraps from.
+    pub cluster_name: Option<Arc<str>>,
     /// metadata.name, then the join token's ID (one allocation: a replica holds one of these
     /// per Machine it serves).
     text: Box<str>,
@@ -269,6 +273,12 @@ impl KubeadmConfigView {
         self.text.get(self.name_end as usize..).filter(|id| !id.is_empty())
     }
 
+    /// Whether a Machine of `cluster` may bootstrap from it: it is labeled for that Cluster or
+    /// not labeled at all.
+    pub fn serves_cluster(&self, cluster: &str) -> bool {
+        self.cluster_name.as_deref().is_none_or(|c| c == cluster)
+    }
+
     /// The username the join token authenticates as.
     pub fn join_username(&self) -> Option<String> {
         self.join_token_id()
@@ -281,6 +291,7 @@ impl std::fmt::Debug for KubeadmConfigView {
         f.debug_struct("KubeadmConfigView")
             .field("name", &self.name())
             .field("namespace", &self.namespace)
+            .field("cluster_name", &self.cluster_name)
             .field("join_token_id", &self.join_token_id())
             .finish()
     }
@@ -655,6 +666,7 @@ impl KubeadmConfigView {
         })?;
         Ok(Self {
             namespace: meta.namespace.as_str().into(),
+            cluster_name: meta.label(LABEL_CLUSTER_NAME).map(Into::into),
             text: format!("{}{join_token_id}", meta.name).into_boxed_str(),
             name_end,
         })
@@ -776,6 +788,10 @@ impl<'a> Meta<'a> {
 
     fn annotation(&self, key: &str) -> Option<&'a str> {
         self.object.pointer("/metadata/annotations")?.get(key)?.as_str()
+    }
+
+    fn label(&self, key: &str) -> Option<&'a str> {
+        self.object.pointer("/metadata/labels")?.get(key)?.as_str()
     }
 
     fn ek_pins(&self) -> Vec<String> {

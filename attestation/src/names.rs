@@ -35,6 +35,10 @@ pub const ANNOTATION_AWS_ACCOUNTS: &str = "cluster.x-k8s.io/kubelet-aws-accounts
 pub const ANNOTATION_GCP_PROJECTS: &str = "cluster.x-k8s.io/kubelet-gcp-projects";
 /// EK pin on a Machine or MachinePool (comma list of lowercase hex SHA-256).
 pub const ANNOTATION_EK_PIN: &str = "cluster.x-k8s.io/tpm-ek-sha256";
+
+/// The label Cluster API puts on the objects of a Cluster (a KubeadmConfig's only link to its
+/// Cluster: its spec has no `clusterName`).
+pub const LABEL_CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
 /// The signer's claim on a Machine (one JSON record).
 pub const ANNOTATION_CLAIM: &str = "cluster.x-k8s.io/kubelet-claim";
 /// The signer's claims on a MachinePool: a JSON object keyed by instance provider ID.

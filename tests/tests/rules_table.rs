@@ -1085,6 +1085,25 @@ fn client_csr_table() {
             },
             Retry,
         ),
+        (
+            "a KubeadmConfig labeled for another Cluster is not the Machine's: wait as for one not seen",
+            || {
+                let mut s = Scenario::client();
+                s.configs[0]["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": "other"});
+                s
+            },
+            Retry,
+        ),
+        (
+            "approves with a KubeadmConfig labeled for the Machine's own Cluster",
+            || {
+                let mut s = Scenario::client();
+                let cluster = s.cluster["metadata"]["name"].clone();
+                s.configs[0]["metadata"]["labels"] = json!({"cluster.x-k8s.io/cluster-name": cluster});
+                s
+            },
+            Approved,
+        ),
         // Rule 10.
         (
             "denies a node name unrelated to the Machine",

@@ -741,11 +741,22 @@ fn bind_requester(
                     .inventory
                     .kubeadm_configs
                     .iter()
-                    .find(|k| k.name() == config.name && *k.namespace == *target.namespace());
+                    // A config labeled for another Cluster is not this one's, whichever
+                    // replica holds what (a shard keeps only its Clusters' configs).
+                    .find(|k| {
+                        k.name() == config.name
+                            && *k.namespace == *target.namespace()
+                            && k.serves_cluster(&inputs.cluster.name)
+                    });
                 match found.map(|k| k.join_username()) {
                     None => book.pending(
                         Rule::Requester,
-                        format!("KubeadmConfig {} of {} not found", config.name, target.describe()),
+                        format!(
+                            "KubeadmConfig {} of {} not found (unlabeled or labeled for Cluster {})",
+                            config.name,
+                            target.describe(),
+                            inputs.cluster.name
+                        ),
                     ),
                     Some(Some(expected)) if expected == *username => book.pass(
                         Rule::Requester,

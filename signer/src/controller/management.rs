@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
 use super::shard_feed;
-use super::shard_store::{Kind, Listed, Served, ShardStore, Ticket};
+use super::shard_store::{Kind, Listed, Part, Served, ShardStore, Ticket};
 use super::view_page::{ReadView, ViewPage};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
@@ -415,12 +415,18 @@ impl Management {
             &self.machine_resource,
             namespace,
             |page: Vec<Listed<MachineView>>| {
-                let mut page = by_cluster(page, |m| &m.cluster_name);
+                let mut page = by_cluster(page, |m| Some(&m.cluster_name));
                 let mut shard = write(&self.shard);
                 for ticket in clusters {
                     let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
                     merged += mine.len();
-                    shard.fill_part(ticket, mine, Vec::new());
+                    shard.fill_part(
+                        ticket,
+                        Part {
+                            machines: mine,
+                            ..Part::default()
+                        },
+                    );
                 }
             },
         )
@@ -431,30 +437,53 @@ impl Management {
                 resource,
                 namespace,
                 |page: Vec<Listed<MachinePoolView>>| {
-                    let mut page = by_cluster(page, |p| &p.cluster_name);
+                    let mut page = by_cluster(page, |p| Some(&p.cluster_name));
                     let mut shard = write(&self.shard);
                     for ticket in clusters {
                         let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
                         merged += mine.len();
-                        shard.fill_part(ticket, Vec::new(), mine);
+                        shard.fill_part(
+                            ticket,
+                            Part {
+                                pools: mine,
+                                ..Part::default()
+                            },
+                        );
+                    }
+                },
+            )
+            .await?;
+        }
+        if let Some(resource) = &self.config_resource {
+            for_each_page(
+                &self.client,
+                resource,
+                namespace,
+                |page: Vec<Listed<KubeadmConfigView>>| {
+                    let (unlabeled, labeled): (Vec<_>, Vec<_>) =
+                        page.into_iter().partition(|(_, k)| k.cluster_name.is_none());
+                    let mut labeled = by_cluster(labeled, |k| k.cluster_name.as_ref());
+                    let mut shard = write(&self.shard);
+                    for ticket in clusters {
+                        let configs = labeled.remove(ticket.name.as_str()).unwrap_or_default();
+                        merged += configs.len();
+                        shard.fill_part(
+                            ticket,
+                            Part {
+                                configs,
+                                ..Part::default()
+                            },
+                        );
+                    }
+                    if let Some(ticket) = configs {
+                        merged += unlabeled.len();
+                        shard.fill_namespace_part(ticket, unlabeled);
                     }
                 },
             )
             .await?;
         }
         if let Some(ticket) = configs {
-            if let Some(resource) = &self.config_resource {
-                for_each_page(
-                    &self.client,
-                    resource,
-                    namespace,
-                    |page: Vec<Listed<KubeadmConfigView>>| {
-                        merged += page.len();
-                        write(&self.shard).fill_namespace_part(ticket, page);
-                    },
-                )
-                .await?;
-            }
             write(&self.shard).namespace_filled(ticket);
         }
         let mut shard = write(&self.shard);
@@ -541,12 +570,15 @@ impl Management {
     }
 }
 
-/// A page's views by their `spec.clusterName`: each gained Cluster's share is moved to it, not
-/// copied (one Machine belongs to one Cluster; the others of the namespace are dropped).
-fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> &Arc<str>) -> HashMap<Arc<str>, Vec<Listed<V>>> {
+/// A page's views by their Cluster (`spec.clusterName`, a KubeadmConfig's label): each gained
+/// Cluster's share is moved to it, not copied (one object belongs to one Cluster; the others of
+/// the namespace are dropped).
+fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> Option<&Arc<str>>) -> HashMap<Arc<str>, Vec<Listed<V>>> {
     let mut by: HashMap<Arc<str>, Vec<Listed<V>>> = HashMap::new();
     for listed in page {
-        by.entry(Arc::clone(cluster(&listed.1))).or_default().push(listed);
+        if let Some(name) = cluster(&listed.1) {
+            by.entry(Arc::clone(name)).or_default().push(listed);
+        }
     }
     by
 }

@@ -25,6 +25,7 @@ use kube::api::{DynamicObject, ListParams, WatchEvent, WatchParams};
 use serde_json::Value;
 
 use attestation::machine::{KubeadmConfigView, MachinePoolView, MachineView};
+use attestation::names::LABEL_CLUSTER_NAME;
 
 use super::management::{Backoff, Management, key_of, read, write};
 use super::shard_store::{Change, Kind, Object, ShardStore};
@@ -137,11 +138,20 @@ pub fn change_of(kind: Kind, object: &DynamicObject) -> Change {
         kind,
         namespace: object.metadata.namespace.clone().unwrap_or_default(),
         name: object.metadata.name.clone().unwrap_or_default(),
-        cluster_name: object
-            .data
-            .pointer("/spec/clusterName")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        // A KubeadmConfig's spec has no Cluster: Cluster API labels it.
+        cluster_name: match kind {
+            Kind::KubeadmConfig => object
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(LABEL_CLUSTER_NAME))
+                .cloned(),
+            Kind::Machine | Kind::MachinePool => object
+                .data
+                .pointer("/spec/clusterName")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        },
         resource_version: object
             .metadata
             .resource_version

@@ -10,16 +10,20 @@
 //! 1. [`ShardStore::serve`] marks a gained Cluster *filling*: from then on the watch's changes
 //!    to its objects are kept; a deletion leaves a tombstone with its resourceVersion.
 //! 2. The caller lists its namespace (a fresh, consistent read, so never older than what the
-//!    watch delivered before it) and hands the result to [`ShardStore::fill`] (Machines and
-//!    MachinePools) and [`ShardStore::fill_namespace`] (KubeadmConfigs, kept per namespace as the
-//!    rules read them). An object the watch already delivered in a newer version, or deleted
-//!    after the list's version, is not overwritten or brought back.
+//!    watch delivered before it) and hands the result to [`ShardStore::fill_part`] (Machines,
+//!    MachinePools, and the KubeadmConfigs labeled `cluster.x-k8s.io/cluster-name` for the
+//!    Cluster) and [`ShardStore::fill_namespace_part`] (unlabeled KubeadmConfigs, kept per
+//!    namespace: any Cluster there may read them). An object the watch already delivered in a
+//!    newer version, or deleted (or moved away) after the list's version, is not overwritten or
+//!    brought back.
 //! 3. Once both are merged the Cluster is *listed*: [`ShardStore::inventory`] answers for it.
 //!    Before that it answers `None`, and the worker decides nothing (an unlisted Machine would
 //!    be denied `MachineNotFound`, which is final).
 //!
-//! A released Cluster's objects are dropped at once, and a namespace's KubeadmConfigs with its
-//! last served Cluster. When a watch loses its place, [`ShardStore::regain`] empties every
+//! A released Cluster's objects are dropped at once, and a namespace's unlabeled KubeadmConfigs
+//! with its last served Cluster. A KubeadmConfig labeled for a Cluster this replica does not
+//! serve is not kept: in a namespace shared by many Clusters, a replica holds a third of the
+//! configs, not all of them. When a watch loses its place, [`ShardStore::regain`] empties every
 //! served Cluster and gains it again, so that what the watch missed is listed.
 
 use std::borrow::Borrow;
@@ -126,8 +130,11 @@ impl Cached for KubeadmConfigView {
     fn name(&self) -> &str {
         KubeadmConfigView::name(self)
     }
-    fn share(&mut self, namespace: &Arc<str>, _cluster: Option<&Arc<str>>) {
+    fn share(&mut self, namespace: &Arc<str>, cluster: Option<&Arc<str>>) {
         share_name(&mut self.namespace, namespace);
+        if let (Some(label), Some(cluster)) = (&mut self.cluster_name, cluster) {
+            share_name(label, cluster);
+        }
     }
 }
 
@@ -221,12 +228,16 @@ struct ClusterSlot {
     namespace: String,
     machines: Shelf<MachineView>,
     pools: Shelf<MachinePoolView>,
+    /// KubeadmConfigs labeled for this Cluster.
+    configs: Shelf<KubeadmConfigView>,
     fill: Fill,
 }
 
 #[derive(Debug)]
 struct NamespaceSlot {
     generation: u64,
+    /// KubeadmConfigs without a `cluster.x-k8s.io/cluster-name` label (any served Cluster of
+    /// the namespace may read them).
     configs: Shelf<KubeadmConfigView>,
     /// Names of the served Clusters in this namespace.
     clusters: HashSet<String>,
@@ -238,7 +249,7 @@ struct NamespaceSlot {
 pub struct ShardStore {
     /// By `namespace/name` of the Cluster.
     clusters: HashMap<String, ClusterSlot>,
-    /// By namespace: the KubeadmConfigs the served Clusters there read.
+    /// By namespace: the unlabeled KubeadmConfigs the served Clusters there read.
     namespaces: HashMap<String, NamespaceSlot>,
     /// The last slot generation handed out.
     generation: u64,
@@ -255,6 +266,18 @@ pub struct Ticket {
     /// The Cluster; empty for a namespace's KubeadmConfigs.
     pub name: String,
     generation: u64,
+}
+
+/// One page of a filling Cluster's list: its Machines, MachinePools and the KubeadmConfigs
+/// labeled for it.
+#[derive(Debug, Default)]
+pub struct Part {
+    /// Machines whose `spec.clusterName` is the Cluster's.
+    pub machines: Vec<Listed<MachineView>>,
+    /// MachinePools whose `spec.clusterName` is the Cluster's.
+    pub pools: Vec<Listed<MachinePoolView>>,
+    /// KubeadmConfigs labeled `cluster.x-k8s.io/cluster-name` for the Cluster.
+    pub configs: Vec<Listed<KubeadmConfigView>>,
 }
 
 /// What [`ShardStore::serve`] changed.
@@ -347,6 +370,7 @@ impl ShardStore {
                     namespace: namespace.clone(),
                     machines: Shelf::new(&shared_namespace, Some(&shared_name)),
                     pools: Shelf::new(&shared_namespace, Some(&shared_name)),
+                    configs: Shelf::new(&shared_namespace, Some(&shared_name)),
                     fill: Fill::Filling(Tombstones::new()),
                 },
             );
@@ -361,8 +385,9 @@ impl ShardStore {
         served
     }
 
-    /// Applies a change from the watch: kept when its Cluster (or, for a KubeadmConfig, its
-    /// namespace) is served, dropped otherwise. Returns whether it was kept.
+    /// Applies a change from the watch: kept when its Cluster (for a KubeadmConfig: the one its
+    /// label names, or its namespace when unlabeled) is served, dropped otherwise. Returns
+    /// whether it was kept.
     pub fn apply(&mut self, change: Change) -> bool {
         let Change {
             kind,
@@ -372,7 +397,14 @@ impl ShardStore {
             resource_version,
             view,
         } = change;
-        if kind == Kind::KubeadmConfig {
+        // Cluster API keeps spec.clusterName immutable; without its webhook an object could
+        // still move (and a KubeadmConfig's label can change): it leaves every other place of
+        // its namespace.
+        self.forget(kind, &namespace, &name, cluster_name.as_deref(), resource_version);
+        let Some(cluster_name) = cluster_name else {
+            if kind != Kind::KubeadmConfig {
+                return false;
+            }
             let Some(ns) = self.namespaces.get_mut(&namespace) else {
                 return false;
             };
@@ -386,12 +418,6 @@ impl ShardStore {
                 }
             }
             return true;
-        }
-        // Cluster API keeps spec.clusterName immutable; without its webhook an object could
-        // still move: it leaves every other served Cluster of its namespace.
-        self.forget(kind, &namespace, &name, cluster_name.as_deref());
-        let Some(cluster_name) = cluster_name else {
-            return false;
         };
         let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{cluster_name}")) else {
             return false;
@@ -399,10 +425,12 @@ impl ShardStore {
         match view {
             Some(Object::Machine(v)) => slot.machines.put(resource_version, v),
             Some(Object::MachinePool(v)) => slot.pools.put(resource_version, *v),
-            _ => {
+            Some(Object::KubeadmConfig(v)) => slot.configs.put(resource_version, v),
+            None => {
                 match kind {
                     Kind::Machine => slot.machines.remove(&name),
-                    _ => slot.pools.remove(&name),
+                    Kind::MachinePool => slot.pools.remove(&name),
+                    Kind::KubeadmConfig => slot.configs.remove(&name),
                 }
                 if let Fill::Filling(tombstones) = &mut slot.fill {
                     tombstones.insert((kind, name), resource_version);
@@ -412,12 +440,26 @@ impl ShardStore {
         true
     }
 
-    /// Drops Machine or MachinePool `name` from every served Cluster of `namespace` but
-    /// `except`.
-    fn forget(&mut self, kind: Kind, namespace: &str, name: &str, except: Option<&str>) {
-        let Some(ns) = self.namespaces.get(namespace) else {
+    /// Drops object `name` of `kind` from every served Cluster of `namespace` but `except`
+    /// (and, for a KubeadmConfig labeled `except`, from the namespace's unlabeled ones). A
+    /// filling place it left keeps a tombstone at `resource_version`, so that a list read
+    /// before the move does not bring it back there.
+    fn forget(&mut self, kind: Kind, namespace: &str, name: &str, except: Option<&str>, resource_version: Option<u64>) {
+        let Some(ns) = self.namespaces.get_mut(namespace) else {
             return;
         };
+        // Only a KubeadmConfig's place can change under Cluster API (its label; a Machine's
+        // spec.clusterName is immutable), so only its moves leave tombstones: a Machine write
+        // does not leave one in every other filling Cluster of its namespace.
+        let tombstone = |fill: &mut Fill| {
+            if let (Kind::KubeadmConfig, Fill::Filling(tombstones)) = (kind, fill) {
+                tombstones.insert((kind, name.to_owned()), resource_version);
+            }
+        };
+        if kind == Kind::KubeadmConfig && except.is_some() {
+            ns.configs.remove(name);
+            tombstone(&mut ns.fill);
+        }
         for cluster in ns.clusters.iter().filter(|c| Some(c.as_str()) != except) {
             let Some(slot) = self.clusters.get_mut(&format!("{namespace}/{cluster}")) else {
                 continue;
@@ -425,8 +467,9 @@ impl ShardStore {
             match kind {
                 Kind::Machine => slot.machines.remove(name),
                 Kind::MachinePool => slot.pools.remove(name),
-                Kind::KubeadmConfig => {}
+                Kind::KubeadmConfig => slot.configs.remove(name),
             }
+            tombstone(&mut slot.fill);
         }
     }
 
@@ -459,7 +502,14 @@ impl ShardStore {
         pools: Vec<Listed<MachinePoolView>>,
     ) -> bool {
         let ticket = self.ticket(namespace, name);
-        self.fill_part(&ticket, machines, pools) && self.filled(&ticket)
+        self.fill_part(
+            &ticket,
+            Part {
+                machines,
+                pools,
+                configs: Vec::new(),
+            },
+        ) && self.filled(&ticket)
     }
 
     fn filling_cluster(&mut self, ticket: &Ticket) -> Option<&mut ClusterSlot> {
@@ -478,20 +528,16 @@ impl ShardStore {
     /// ticket's slot is gone (released, perhaps gained again since) or no longer filling: the
     /// page is dropped, so a Cluster released while its list streams costs no more than the
     /// pages already merged.
-    pub fn fill_part(
-        &mut self,
-        ticket: &Ticket,
-        machines: Vec<Listed<MachineView>>,
-        pools: Vec<Listed<MachinePoolView>>,
-    ) -> bool {
+    pub fn fill_part(&mut self, ticket: &Ticket, part: Part) -> bool {
         let Some(slot) = self.filling_cluster(ticket) else {
             return false;
         };
         let Fill::Filling(tombstones) = &slot.fill else {
             return false;
         };
-        merge(&mut slot.machines, tombstones, Kind::Machine, machines);
-        merge(&mut slot.pools, tombstones, Kind::MachinePool, pools);
+        merge(&mut slot.machines, tombstones, Kind::Machine, part.machines);
+        merge(&mut slot.pools, tombstones, Kind::MachinePool, part.pools);
+        merge(&mut slot.configs, tombstones, Kind::KubeadmConfig, part.configs);
         true
     }
 
@@ -507,14 +553,15 @@ impl ShardStore {
         }
     }
 
-    /// Merges the whole list of a filling namespace's KubeadmConfigs and marks it listed.
+    /// Merges the whole list of a filling namespace's unlabeled KubeadmConfigs and marks it
+    /// listed.
     #[cfg(test)]
     pub fn fill_namespace(&mut self, namespace: &str, configs: Vec<Listed<KubeadmConfigView>>) -> bool {
         let ticket = self.ticket(namespace, "");
         self.fill_namespace_part(&ticket, configs) && self.namespace_filled(&ticket)
     }
 
-    /// Merges one page of a filling namespace's KubeadmConfigs; it stays filling.
+    /// Merges one page of a filling namespace's unlabeled KubeadmConfigs; it stays filling.
     pub fn fill_namespace_part(&mut self, ticket: &Ticket, configs: Vec<Listed<KubeadmConfigView>>) -> bool {
         let Some(slot) = self.filling_namespace(ticket) else {
             return false;
@@ -537,11 +584,12 @@ impl ShardStore {
         }
     }
 
-    /// Whether a change would be kept: its Cluster (a KubeadmConfig: its namespace) is served.
+    /// Whether a change would be kept: its Cluster is served (an unlabeled KubeadmConfig: a
+    /// Cluster of its namespace).
     pub fn wants(&self, change: &Change) -> bool {
         match (change.kind, &change.cluster_name) {
-            (Kind::KubeadmConfig, _) => self.namespaces.contains_key(&change.namespace),
             (_, Some(cluster)) => self.is_served(&change.namespace, cluster),
+            (Kind::KubeadmConfig, None) => self.namespaces.contains_key(&change.namespace),
             (_, None) => false,
         }
     }
@@ -564,8 +612,8 @@ impl ShardStore {
         self.serve(&served)
     }
 
-    /// The Cluster's Machines and MachinePools and its namespace's KubeadmConfigs, once both
-    /// are listed; `None` while it is filling or not served.
+    /// The Cluster's Machines, MachinePools and KubeadmConfigs (its own and its namespace's
+    /// unlabeled ones), once listed; `None` while it is filling or not served.
     pub fn inventory(&self, namespace: &str, name: &str) -> Option<Inventory> {
         let slot = self.clusters.get(&format!("{namespace}/{name}"))?;
         let ns = self.namespaces.get(namespace)?;
@@ -575,7 +623,7 @@ impl ShardStore {
         Some(Inventory {
             machines: slot.machines.views().collect(),
             pools: slot.pools.views().collect(),
-            kubeadm_configs: ns.configs.views().collect(),
+            kubeadm_configs: slot.configs.views().chain(ns.configs.views()).collect(),
         })
     }
 
@@ -593,7 +641,8 @@ impl ShardStore {
         [
             self.clusters.values().map(|s| s.machines.len()).sum(),
             self.clusters.values().map(|s| s.pools.len()).sum(),
-            self.namespaces.values().map(|n| n.configs.len()).sum(),
+            self.clusters.values().map(|s| s.configs.len()).sum::<usize>()
+                + self.namespaces.values().map(|n| n.configs.len()).sum::<usize>(),
         ]
     }
 }
@@ -613,9 +662,14 @@ mod tests {
     }
 
     fn config(name: &str) -> KubeadmConfigView {
+        labeled_config(name, None)
+    }
+
+    fn labeled_config(name: &str, cluster: Option<&str>) -> KubeadmConfigView {
         KubeadmConfigView::from_object(&json!({
             "apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
-            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}")},
+            "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+                         "labels": cluster.map(|c| json!({"cluster.x-k8s.io/cluster-name": c}))},
         }))
         .unwrap()
     }
@@ -632,14 +686,108 @@ mod tests {
     }
 
     fn config_change(name: &str, rv: u64, present: bool) -> Change {
+        labeled_config_change(name, None, rv, present)
+    }
+
+    fn labeled_config_change(name: &str, cluster: Option<&str>, rv: u64, present: bool) -> Change {
         Change {
             kind: Kind::KubeadmConfig,
             namespace: "ns".into(),
             name: name.into(),
-            cluster_name: None,
+            cluster_name: cluster.map(str::to_owned),
             resource_version: Some(rv),
-            view: present.then(|| Object::KubeadmConfig(config(name))),
+            view: present.then(|| Object::KubeadmConfig(labeled_config(name, cluster))),
         }
+    }
+
+    fn config_names(inventory: &Inventory) -> Vec<&str> {
+        let mut names: Vec<&str> = inventory.kubeadm_configs.iter().map(|k| k.name()).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn labeled_configs_are_kept_only_by_their_served_cluster_and_follow_their_label() {
+        let mut store = ShardStore::default();
+        let served = serve(&mut store, &["a", "b"]);
+        // A page of the namespace's configs: each Cluster takes its own, the namespace the
+        // unlabeled one, and one labeled for a Cluster not served is dropped.
+        for ticket in &served.gained {
+            let configs = vec![(
+                Some(1),
+                labeled_config(&format!("{}-kc", ticket.name), Some(&ticket.name)),
+            )];
+            assert!(store.fill_part(
+                ticket,
+                Part {
+                    configs,
+                    ..Part::default()
+                }
+            ));
+            assert!(store.filled(ticket));
+        }
+        assert!(store.fill_namespace("ns", vec![(Some(1), config("shared-kc"))]));
+        assert!(!store.apply(labeled_config_change("c-kc", Some("c"), 2, true)));
+        let a = store.inventory("ns", "a").unwrap();
+        assert_eq!(config_names(&a), ["a-kc", "shared-kc"]);
+        assert_eq!(
+            config_names(&store.inventory("ns", "b").unwrap()),
+            ["b-kc", "shared-kc"]
+        );
+        assert_eq!(store.counts()[2], 3);
+        // The label moves a config: from a to b, then to a Cluster not served, then off.
+        assert!(store.apply(labeled_config_change("a-kc", Some("b"), 3, true)));
+        assert_eq!(config_names(&store.inventory("ns", "a").unwrap()), ["shared-kc"]);
+        assert_eq!(
+            config_names(&store.inventory("ns", "b").unwrap()),
+            ["a-kc", "b-kc", "shared-kc"]
+        );
+        assert!(!store.apply(labeled_config_change("a-kc", Some("c"), 4, true)));
+        assert_eq!(
+            config_names(&store.inventory("ns", "b").unwrap()),
+            ["b-kc", "shared-kc"]
+        );
+        assert!(store.apply(labeled_config_change("b-kc", None, 5, true)));
+        assert_eq!(
+            config_names(&store.inventory("ns", "a").unwrap()),
+            ["b-kc", "shared-kc"]
+        );
+        assert_eq!(
+            config_names(&store.inventory("ns", "b").unwrap()),
+            ["b-kc", "shared-kc"]
+        );
+        // Releasing b drops nothing a still reads.
+        serve(&mut store, &["a"]);
+        assert_eq!(
+            config_names(&store.inventory("ns", "a").unwrap()),
+            ["b-kc", "shared-kc"]
+        );
+        assert_eq!(store.counts()[2], 2);
+    }
+
+    #[test]
+    fn a_config_relabeled_away_from_a_filling_cluster_is_not_brought_back_by_its_older_list() {
+        let mut store = ShardStore::default();
+        let first = serve(&mut store, &["a"]);
+        assert!(store.fill_part(&first.gained[0], Part::default()) && store.filled(&first.gained[0]));
+        assert!(store.fill_namespace("ns", Vec::new()));
+        let gained = serve(&mut store, &["a", "b"]).gained;
+        assert_eq!(gained.len(), 1);
+        // While b's list is on its way, the watch moves the config from b to a.
+        assert!(store.apply(labeled_config_change("kc", Some("a"), 5, true)));
+        // b's list was read before the move: it still has the config labeled b.
+        let configs = vec![(Some(3), labeled_config("kc", Some("b")))];
+        assert!(
+            store.fill_part(
+                &gained[0],
+                Part {
+                    configs,
+                    ..Part::default()
+                }
+            ) && store.filled(&gained[0])
+        );
+        assert_eq!(config_names(&store.inventory("ns", "a").unwrap()), ["kc"]);
+        assert_eq!(config_names(&store.inventory("ns", "b").unwrap()), Vec::<&str>::new());
     }
 
     fn serve(store: &mut ShardStore, clusters: &[&str]) -> Served {
@@ -739,19 +887,37 @@ mod tests {
         // Pages: merged as they come, listed only at the end; a release drops the rest.
         let served = serve(&mut store, &["mine", "paged"]);
         let ticket = served.gained[0].clone();
-        assert!(store.fill_part(&ticket, vec![(Some(4), machine("p1", "paged", "p-1"))], Vec::new()));
+        assert!(store.fill_part(
+            &ticket,
+            Part {
+                machines: vec![(Some(4), machine("p1", "paged", "p-1"))],
+                ..Part::default()
+            }
+        ));
         assert!(store.inventory("ns", "paged").is_none(), "one page is not the list");
         assert!(store.filled(&ticket));
         assert_eq!(provider_ids(&store.inventory("ns", "paged").unwrap()), ["p-1"]);
         serve(&mut store, &["mine"]);
         assert!(
-            !store.fill_part(&ticket, Vec::new(), Vec::new()),
+            !store.fill_part(
+                &ticket,
+                Part {
+                    machines: Vec::new(),
+                    ..Part::default()
+                }
+            ),
             "released: pages dropped"
         );
         assert!(!store.filled(&ticket));
         // Released and gained again while its first list streams: the old list fills nothing.
         let served = serve(&mut store, &["mine", "paged"]);
-        assert!(!store.fill_part(&ticket, vec![(Some(1), machine("stale", "paged", "p-s"))], Vec::new()));
+        assert!(!store.fill_part(
+            &ticket,
+            Part {
+                machines: vec![(Some(1), machine("stale", "paged", "p-s"))],
+                ..Part::default()
+            }
+        ));
         assert!(!store.filled(&ticket), "the new slot waits for its own list");
         assert!(store.inventory("ns", "paged").is_none());
         assert!(store.filled(&served.gained[0]));
@@ -861,16 +1027,20 @@ mod tests {
         assert!(store.inventory("ns", "mine").is_none());
         assert!(!store.fill_part(
             &first.gained[0],
-            vec![(Some(9), machine("old", "mine", "p-o"))],
-            Vec::new()
+            Part {
+                machines: vec![(Some(9), machine("old", "mine", "p-o"))],
+                ..Part::default()
+            }
         ));
         // What the new watch delivers meanwhile is kept; the list (without the Machine
         // deleted while the watch was lost) completes it.
         assert!(store.apply(change("new", "mine", 10, Some("p-n"))));
         assert!(store.fill_part(
             &again.gained[0],
-            vec![(Some(4), machine("kept", "mine", "p-k"))],
-            Vec::new()
+            Part {
+                machines: vec![(Some(4), machine("kept", "mine", "p-k"))],
+                ..Part::default()
+            }
         ));
         assert!(store.filled(&again.gained[0]));
         assert!(store.fill_namespace_part(&again.namespaces[0], vec![(Some(2), config("kc"))]));
