@@ -165,7 +165,7 @@ fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Opti
         .iter()
         .filter(|m| *m.namespace == *cluster.namespace && *m.cluster_name == *cluster.name)
         .filter(|m| {
-            m.node_ref() == Some(name.as_str()) || m.claim().valid().is_some_and(|c| c.node_name == name.as_str())
+            m.node_ref() == Some(name.as_str()) || m.valid_claim().is_some_and(|c| c.node_name == name.as_str())
         })
         .collect();
     let pools: Vec<_> = inputs
