@@ -15,7 +15,7 @@
 //! anything is parsed: an unchanged kubeconfig and CA keep their worker, client and parsed key.
 //!
 //! Sharded ([`Scope::Shard`]), it serves only the opted-in Clusters the shard assigns to this
-//! replica ([`super::membership::View::owns`]), still compares CAs with every opted-in Cluster
+//! replica ([`super::membership::View::owners`]), still compares CAs with every opted-in Cluster
 //! (a shared CA is refused whichever replicas own the two), and logs, counts and records an
 //! Event on the Cluster for each hand-over.
 
@@ -197,20 +197,29 @@ impl Fleet {
     async fn reconcile(&mut self) {
         let before: Vec<String> = self.problems.keys().chain(self.running.keys()).cloned().collect();
         let view = self.scope.view();
-        let (mine, theirs): (Vec<ClusterView>, Vec<ClusterView>) = self
-            .shared
-            .management
-            .clusters
-            .select(|c| c.opted_in)
-            .into_iter()
-            .partition(|c| view.as_ref().is_none_or(|v| v.owns(&c.uid)));
+        let opted_in = self.shared.management.clusters.select(|c| c.opted_in);
+        // Owners are assigned over every opted-in Cluster at once (the shares are capped).
+        let owners: HashMap<String, String> = match &view {
+            Some(view) => {
+                let uids: Vec<&str> = opted_in.iter().map(|c| c.uid.as_str()).collect();
+                uids.iter()
+                    .zip(view.owners(&uids))
+                    .filter_map(|(uid, owner)| Some(((*uid).to_owned(), owner?.to_owned())))
+                    .collect()
+            }
+            None => HashMap::new(),
+        };
+        let (mine, theirs): (Vec<ClusterView>, Vec<ClusterView>) = opted_in.into_iter().partition(|c| {
+            view.as_ref()
+                .is_none_or(|v| v.is_me(owners.get(&c.uid).map(String::as_str)))
+        });
         // Released Clusters stop before anything slow happens, and their Machines are dropped;
         // gained ones start listing theirs.
         let mine_keys: HashSet<String> = mine.iter().map(key).collect();
         self.running.retain(|k, _| mine_keys.contains(k));
         self.shared.management.serve(&mine);
         if let Some(view) = &view {
-            self.hand_over(view, &mine, &theirs);
+            self.hand_over(view, &owners, &mine, &theirs);
         }
         self.owned = mine_keys.clone();
         self.opted_in = Some(mine.iter().chain(&theirs).map(key).collect());
@@ -349,7 +358,7 @@ impl Fleet {
     /// Logs, counts and records (in the background) the Clusters this replica gained and
     /// released since the last reconcile. The first reconcile's Clusters are gained (taken from
     /// whoever served them before); a Cluster opted in or out meanwhile is not a hand-over.
-    fn hand_over(&self, view: &View, mine: &[ClusterView], theirs: &[ClusterView]) {
+    fn hand_over(&self, view: &View, owners: &HashMap<String, String>, mine: &[ClusterView], theirs: &[ClusterView]) {
         let metrics = &self.shared.metrics;
         metrics.shard_clusters_owned(mine.len());
         let was_opted_in = |c: &ClusterView| self.opted_in.as_ref().is_none_or(|o| o.contains(&key(c)));
@@ -382,7 +391,7 @@ impl Fleet {
             ));
         }
         for cluster in &released {
-            let to = view.owner(&cluster.uid).unwrap_or("no live replica");
+            let to = owners.get(&cluster.uid).map_or("no live replica", String::as_str);
             tracing::info!(cluster = %key(cluster), replica = %view.me, to, fenced = view.fenced, direction = "released", "shard hand-over");
             events.push((
                 cluster_reference(cluster),

@@ -134,14 +134,15 @@ pub struct View {
 }
 
 impl View {
-    /// The member that owns the Cluster of `uid`.
-    pub fn owner(&self, uid: &str) -> Option<&str> {
-        shard::owner(uid, &self.members)
+    /// The members that own the Clusters of `uids` (every opted-in Cluster: the shares are
+    /// capped, see [`shard::assign`]), in the order of `uids`.
+    pub fn owners(&self, uids: &[&str]) -> Vec<Option<&str>> {
+        shard::assign(uids, &self.members)
     }
 
-    /// This replica serves the Cluster of `uid`.
-    pub fn owns(&self, uid: &str) -> bool {
-        !self.fenced && self.owner(uid) == Some(self.me.as_str())
+    /// Whether `owner` (one of [`Self::owners`]) is this replica, not fenced.
+    pub fn is_me(&self, owner: Option<&str>) -> bool {
+        !self.fenced && owner == Some(self.me.as_str())
     }
 
     /// The members, for logs and Events.
@@ -640,8 +641,10 @@ mod tests {
         let fenced = view_at(&roster, "s-a", Some(t0), fence, t0 + 11 * S);
         assert!(fenced.fenced);
         assert_eq!(fenced.members, ["s-b"]);
+        let uids: Vec<String> = (0..200).map(|i| format!("uid-{i}")).collect();
+        let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
         assert!(
-            (0..200).all(|i| !fenced.owns(&format!("uid-{i}"))),
+            fenced.owners(&uids).into_iter().all(|o| !fenced.is_me(o)),
             "a fenced replica owns nothing"
         );
         assert!(view_at(&roster, "s-a", None, fence, t0).fenced, "never renewed");
@@ -658,11 +661,21 @@ mod tests {
                 fenced: false,
             })
             .collect();
-        for i in 0..300 {
-            let uid = format!("uid-{i}");
-            assert_eq!(views.iter().filter(|v| v.owns(&uid)).count(), 1, "{uid}");
+        let uids: Vec<String> = (0..300).map(|i| format!("uid-{i}")).collect();
+        let uids: Vec<&str> = uids.iter().map(String::as_str).collect();
+        let owned: Vec<Vec<bool>> = views
+            .iter()
+            .map(|v| v.owners(&uids).into_iter().map(|o| v.is_me(o)).collect())
+            .collect();
+        for (i, uid) in uids.iter().enumerate() {
+            assert_eq!(owned.iter().filter(|v| v[i]).count(), 1, "{uid}");
         }
-        assert!(views.iter().all(|v| (0..300).any(|i| v.owns(&format!("uid-{i}")))));
+        // 100 each is fair; the cap allows 5% more (105), which leaves at least 300 - 2 x 105.
+        assert!(
+            owned
+                .iter()
+                .all(|v| (90..=105).contains(&v.iter().filter(|o| **o).count()))
+        );
     }
 
     #[test]
