@@ -203,6 +203,8 @@ struct World {
     loaded: Vec<Workload>,
     /// Per loaded cluster, its Cluster's UID.
     uids: Vec<String>,
+    /// Every opted-in Cluster's UID.
+    all_uids: Vec<String>,
     quiet: Option<Workload>,
     quiet_clusters: usize,
     replicas: Vec<Replica>,
@@ -231,12 +233,18 @@ impl World {
         };
         let mut uids = Vec::new();
         for w in &loaded {
-            uids.push(cluster_uid(&admin, w).await);
+            uids.push(cluster_uid(&admin, &w.namespace, &w.cluster).await);
+        }
+        // The shard's caps count every opted-in Cluster, the quiet ones too.
+        let mut all_uids = uids.clone();
+        for k in 0..args.quiet {
+            all_uids.push(cluster_uid(&admin, "quiet", &format!("quiet-{k}")).await);
         }
         let mut world = Self {
             management,
             loaded,
             uids,
+            all_uids,
             quiet,
             quiet_clusters: args.quiet,
             replicas: Vec::new(),
@@ -287,7 +295,7 @@ impl World {
 
     async fn start_replicas(&mut self, args: &Args) {
         let names = if args.replica_names.is_empty() {
-            choose_names(&self.uids, args.replicas)
+            choose_names(&self.uids, &self.all_uids, args.replicas)
         } else {
             args.replica_names.clone()
         };
@@ -364,11 +372,11 @@ fn provider_id(cluster: usize, machine: &str) -> String {
     format!("soak:///c{cluster}/{machine}")
 }
 
-async fn cluster_uid(admin: &Client, w: &Workload) -> String {
+async fn cluster_uid(admin: &Client, namespace: &str, name: &str) -> String {
     let cluster = live::get(
         admin,
         &json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                "metadata": {"name": w.cluster, "namespace": w.namespace}}),
+                "metadata": {"name": name, "namespace": namespace}}),
     )
     .await;
     cluster["metadata"]["uid"].as_str().expect("uid").to_owned()
@@ -413,18 +421,37 @@ fn weight(member: &str, uid: &str) -> u64 {
 }
 
 /// `replicas` names among a..z (first in order) under which every replica owns at least one of
-/// the loaded clusters `uids`, all replicas live; a, b, c, … when none does.
-fn choose_names(uids: &[String], replicas: usize) -> Vec<String> {
+/// the loaded clusters `loaded`, all replicas live; a, b, c, … when none does. Owners as the
+/// signer assigns them over `all` opted-in Clusters (`shard::assign`: rendezvous, each member
+/// capped at its fair share plus 5%, UIDs taken in order).
+fn choose_names(loaded: &[String], all: &[String], replicas: usize) -> Vec<String> {
     let candidates: Vec<String> = ('a'..='z').map(String::from).collect();
     let weights: HashMap<(usize, usize), u64> = (0..candidates.len())
-        .flat_map(|c| (0..uids.len()).map(move |u| (c, u)))
-        .map(|(c, u)| ((c, u), weight(&member(&candidates[c]), &uids[u])))
+        .flat_map(|c| (0..all.len()).map(move |u| (c, u)))
+        .map(|(c, u)| ((c, u), weight(&member(&candidates[c]), &all[u])))
         .collect();
+    let mut order: Vec<usize> = (0..all.len()).collect();
+    order.sort_by(|a, b| all[*a].cmp(&all[*b]));
     let covers = |chosen: &[usize]| {
-        let owners: Vec<usize> = (0..uids.len())
-            .map(|u| *chosen.iter().max_by_key(|c| weights[&(**c, u)]).expect("members"))
-            .collect();
-        chosen.iter().all(|c| owners.contains(c))
+        let fair = all.len().div_ceil(chosen.len());
+        let cap = fair + fair / 20;
+        let mut load: HashMap<usize, usize> = HashMap::new();
+        let mut owners: HashMap<&str, usize> = HashMap::new();
+        for &u in &order {
+            let mut ranked = chosen.to_vec();
+            ranked.sort_by(|a, b| {
+                weights[&(*b, u)]
+                    .cmp(&weights[&(*a, u)])
+                    .then_with(|| member(&candidates[*b]).cmp(&member(&candidates[*a])))
+            });
+            if let Some(c) = ranked.into_iter().find(|c| load.get(c).copied().unwrap_or(0) < cap) {
+                *load.entry(c).or_default() += 1;
+                owners.insert(all[u].as_str(), c);
+            }
+        }
+        chosen
+            .iter()
+            .all(|c| loaded.iter().any(|u| owners.get(u.as_str()) == Some(c)))
     };
     let chosen = combinations(candidates.len(), replicas)
         .find(|chosen| covers(chosen))
