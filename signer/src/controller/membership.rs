@@ -314,6 +314,24 @@ pub struct Arrivals {
 }
 
 impl Arrivals {
+    /// Arrivals for a replica joining at `now`: when a live peer has held its Lease for
+    /// [`ARRIVALS_SETTLE`] already (by `acquireTime`), the group is running (a restart, a
+    /// rollout) and every live member counts at once, this replica included, so that a
+    /// restarted replica takes its share back without waiting; otherwise (a cold start, or
+    /// peers that have just started too) arrivals settle first.
+    pub fn joining(live: &[String], me: &str, acquired_ms: &HashMap<String, i64>, wall_ms: i64) -> Self {
+        let settle_ms = i64::try_from(ARRIVALS_SETTLE.as_millis()).unwrap_or(i64::MAX);
+        let running = live.iter().filter(|m| *m != me).any(|m| {
+            acquired_ms
+                .get(m)
+                .is_some_and(|at| wall_ms.saturating_sub(*at) >= settle_ms)
+        });
+        Self {
+            counted: if running { live.to_vec() } else { Vec::new() },
+            waiting: None,
+        }
+    }
+
     /// The members to count at `now`, of the `live` ones (sorted).
     pub fn count(&mut self, live: &[String], now: Instant, settle: Duration) -> Vec<String> {
         self.counted.retain(|m| live.contains(m));
@@ -371,9 +389,14 @@ impl Membership {
             })?;
         let mut roster = Roster::default();
         roster.relist(&listed.items, Instant::now(), Timestamp::now().as_millisecond());
-        let mut arrivals = Arrivals::default();
         let now = Instant::now();
         let mut first = view_at(&roster, &me, Some(sent), settings.fence_after(), now);
+        let acquired_ms: HashMap<String, i64> = listed
+            .items
+            .iter()
+            .filter_map(|l| Some((l.name_any(), l.spec.as_ref()?.acquire_time.as_ref()?.0.as_millisecond())))
+            .collect();
+        let mut arrivals = Arrivals::joining(&first.members, &me, &acquired_ms, Timestamp::now().as_millisecond());
         first.members = arrivals.count(&first.members, now, ARRIVALS_SETTLE);
         tracing::info!(
             lease = %format!("{}/{me}", settings.namespace),
@@ -727,6 +750,16 @@ mod tests {
             a.count(&names(&["s-a", "s-b", "s-c"]), t0 + 3 * S, settle),
             ["s-a", "s-b", "s-c"]
         );
+        // Joining a running group (a peer has held its Lease for 2 s), all count at once.
+        let acquired: HashMap<String, i64> = [("s-a".to_owned(), 10_000), ("s-c".to_owned(), 11_500)].into();
+        let mut b = Arrivals::joining(&names(&["s-a", "s-b", "s-c"]), "s-b", &acquired, 12_000);
+        assert_eq!(
+            b.count(&names(&["s-a", "s-b", "s-c"]), t0, settle),
+            ["s-a", "s-b", "s-c"]
+        );
+        // Peers that started a moment ago are a cold start: wait.
+        let mut c = Arrivals::joining(&names(&["s-b", "s-c"]), "s-b", &acquired, 12_000);
+        assert!(c.count(&names(&["s-b", "s-c"]), t0, settle).is_empty());
         // A member that dies stops counting at once; one that comes back waits again.
         assert_eq!(a.count(&names(&["s-a", "s-c"]), t0 + 4 * S, settle), ["s-a", "s-c"]);
         assert_eq!(
