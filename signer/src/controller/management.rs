@@ -415,19 +415,11 @@ impl Management {
             &self.machine_resource,
             namespace,
             |page: Vec<Listed<MachineView>>| {
-                let mut page = by_cluster(page, |m| Some(&m.cluster_name));
-                let mut shard = write(&self.shard);
-                for ticket in clusters {
-                    let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
-                    merged += mine.len();
-                    shard.fill_part(
-                        ticket,
-                        Part {
-                            machines: mine,
-                            ..Part::default()
-                        },
-                    );
-                }
+                let page = by_cluster(page, |m| Some(&m.cluster_name));
+                merged += share_out(&mut write(&self.shard), clusters, page, |machines| Part {
+                    machines,
+                    ..Part::default()
+                });
             },
         )
         .await?;
@@ -437,19 +429,11 @@ impl Management {
                 resource,
                 namespace,
                 |page: Vec<Listed<MachinePoolView>>| {
-                    let mut page = by_cluster(page, |p| Some(&p.cluster_name));
-                    let mut shard = write(&self.shard);
-                    for ticket in clusters {
-                        let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
-                        merged += mine.len();
-                        shard.fill_part(
-                            ticket,
-                            Part {
-                                pools: mine,
-                                ..Part::default()
-                            },
-                        );
-                    }
+                    let page = by_cluster(page, |p| Some(&p.cluster_name));
+                    merged += share_out(&mut write(&self.shard), clusters, page, |pools| Part {
+                        pools,
+                        ..Part::default()
+                    });
                 },
             )
             .await?;
@@ -462,19 +446,12 @@ impl Management {
                 |page: Vec<Listed<KubeadmConfigView>>| {
                     let (unlabeled, labeled): (Vec<_>, Vec<_>) =
                         page.into_iter().partition(|(_, k)| k.cluster_name.is_none());
-                    let mut labeled = by_cluster(labeled, |k| k.cluster_name.as_ref());
+                    let labeled = by_cluster(labeled, |k| k.cluster_name.as_ref());
                     let mut shard = write(&self.shard);
-                    for ticket in clusters {
-                        let configs = labeled.remove(ticket.name.as_str()).unwrap_or_default();
-                        merged += configs.len();
-                        shard.fill_part(
-                            ticket,
-                            Part {
-                                configs,
-                                ..Part::default()
-                            },
-                        );
-                    }
+                    merged += share_out(&mut shard, clusters, labeled, |configs| Part {
+                        configs,
+                        ..Part::default()
+                    });
                     if let Some(ticket) = configs {
                         merged += unlabeled.len();
                         shard.fill_namespace_part(ticket, unlabeled);
@@ -568,6 +545,23 @@ impl Management {
         let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), namespace);
         Ok(api.get_opt(name).await?.map(|s| s.data.unwrap_or_default()))
     }
+}
+
+/// Hands each filling Cluster of `clusters` its share of a page (`part` makes a [`Part`] of
+/// it); the rest of the page is dropped. Returns how many objects were handed out.
+fn share_out<V>(
+    shard: &mut ShardStore,
+    clusters: &[Ticket],
+    mut page: HashMap<Arc<str>, Vec<Listed<V>>>,
+    part: impl Fn(Vec<Listed<V>>) -> Part,
+) -> usize {
+    let mut handed = 0;
+    for ticket in clusters {
+        let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
+        handed += mine.len();
+        shard.fill_part(ticket, part(mine));
+    }
+    handed
 }
 
 /// A page's views by their Cluster (`spec.clusterName`, a KubeadmConfig's label): each gained
