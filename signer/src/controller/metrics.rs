@@ -241,7 +241,7 @@ impl Metrics {
         );
         r.register(
             "shard_members",
-            "Live signer replicas sharing the clusters, as this replica sees them (0 when not sharded)",
+            "Signer replicas sharing the clusters, as this replica counts them: live, and new ones once none has arrived for 2 s (0 when not sharded)",
             metrics.shard_members.clone(),
         );
         r.register(
