@@ -19,12 +19,15 @@ use attestation::machine::{
     ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, ObjectError, TargetKind, TargetRef,
 };
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, ValidationDirective};
+use kube::api::{
+    ApiResource, DynamicObject, GetParams, GroupVersionKind, ListParams, Patch, PatchParams, ValidationDirective,
+};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
+use super::lean::LeanObject;
 use super::shard_feed;
 use super::shard_store::{Kind, Listed, Part, Served, ShardStore, Ticket};
 use super::view_page::{ReadView, ViewPage};
@@ -517,22 +520,24 @@ impl Management {
             field_validation: Some(ValidationDirective::Ignore),
             ..PatchParams::default()
         };
-        let written = self
-            .api_for(&claim.target)?
+        let api = self.api_for(&claim.target)?;
+        let mut request = kube::core::Request::new(api.resource_url())
             .patch(&claim.target.name, &params, &Patch::Merge(&patch))
-            .await
-            .map_err(ApplyError::from_kube)?;
+            .map_err(|e| ApplyError::Transient(format!("cannot build the claim's PATCH: {e}")))?;
+        request.extensions_mut().insert("patch");
+        let written: LeanObject = self.client.request(request).await.map_err(ApplyError::from_kube)?;
         claim_of(&claim.target, &claim.record.provider_id, &written)
     }
 
     /// The claim on `target` for `provider_id`, read from the API server, not the cache: the
     /// re-check just before a certificate is written, when this pass wrote no claim.
     pub async fn fresh_claim(&self, target: &TargetRef, provider_id: &str) -> Result<ClaimState, ApplyError> {
-        let object = self
-            .api_for(target)?
-            .get(&target.name)
-            .await
-            .map_err(ApplyError::from_kube)?;
+        let api = self.api_for(target)?;
+        let mut request = kube::core::Request::new(api.resource_url())
+            .get(&target.name, &GetParams::default())
+            .map_err(|e| ApplyError::Transient(format!("cannot build the claim's GET: {e}")))?;
+        request.extensions_mut().insert("get");
+        let object: LeanObject = self.client.request(request).await.map_err(ApplyError::from_kube)?;
         claim_of(target, provider_id, &object)
     }
 
@@ -578,19 +583,19 @@ fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> Option<&Arc<str>>
 }
 
 /// The claim `object` (as the API server returned it) holds on `target` for `provider_id`.
-fn claim_of(target: &TargetRef, provider_id: &str, object: &DynamicObject) -> Result<ClaimState, ApplyError> {
-    if object.metadata.uid.as_deref() != Some(target.uid.as_str()) {
+fn claim_of(target: &TargetRef, provider_id: &str, object: &LeanObject) -> Result<ClaimState, ApplyError> {
+    if object.str_at("/metadata/uid") != Some(target.uid.as_str()) {
         return Ok(ClaimState::Unreadable(format!(
             "{} was replaced by another object of the same name",
             target.name
         )));
     }
-    let value = serde_json::to_value(object).map_err(|e| ApplyError::Transient(e.to_string()))?;
+    let value = &object.0;
     Ok(match target.kind {
-        TargetKind::Machine => MachineView::from_object(&value)
+        TargetKind::Machine => MachineView::from_object(value)
             .map(|m| m.claim())
             .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
-        TargetKind::MachinePool => MachinePoolView::from_object(&value)
+        TargetKind::MachinePool => MachinePoolView::from_object(value)
             .map(|p| p.claims.instance(provider_id))
             .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
     })

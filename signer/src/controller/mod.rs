@@ -21,6 +21,7 @@ pub mod events;
 pub mod fleet;
 pub mod http;
 pub mod inflight;
+pub mod lean;
 pub mod management;
 pub mod membership;
 pub mod metrics;

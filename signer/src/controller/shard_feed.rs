@@ -22,12 +22,12 @@ use std::sync::Arc;
 use futures::TryStreamExt;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, WatchEvent, WatchParams};
-use serde_json::Value;
 
 use attestation::machine::{KubeadmConfigView, MachinePoolView, MachineView};
 use attestation::names::LABEL_CLUSTER_NAME;
 
-use super::management::{Backoff, Management, key_of, read, write};
+use super::lean::LeanObject;
+use super::management::{Backoff, Management, read, write};
 use super::shard_store::{Change, Kind, Object, ShardStore};
 
 /// How long one watch request lasts before it is renewed from the last version seen.
@@ -94,6 +94,7 @@ async fn current_version(api: &Api<DynamicObject>) -> Result<String, String> {
 }
 
 /// One watch request from `version`, applying what it delivers and moving `version` along.
+/// Its objects are read as [`LeanObject`]s: every claim the signer writes comes back here.
 async fn watch_once(
     api: &Api<DynamicObject>,
     kind: Kind,
@@ -101,7 +102,11 @@ async fn watch_once(
     version: &mut String,
 ) -> Result<Ended, kube::Error> {
     let params = WatchParams::default().timeout(WATCH_SECONDS);
-    let stream = match api.watch(&params, version).await {
+    let mut request = kube::core::Request::new(api.resource_url())
+        .watch(&params, version)
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert("watch");
+    let stream = match api.clone().into_client().request_events::<LeanObject>(request).await {
         Ok(stream) => stream,
         Err(kube::Error::Api(e)) if e.code == 410 => return Ok(Ended::Expired),
         Err(e) => return Err(e),
@@ -125,59 +130,51 @@ async fn watch_once(
     Ok(Ended::Renew)
 }
 
-fn advance(version: &mut String, object: &DynamicObject) {
-    if let Some(seen) = &object.metadata.resource_version {
-        version.clone_from(seen);
+fn advance(version: &mut String, object: &LeanObject) {
+    if let Some(seen) = object.resource_version() {
+        seen.clone_into(version);
     }
 }
 
 /// An object of `kind` as the shard store takes it, without its view (`None`: deleted, or not
 /// read yet): enough to tell whether it is wanted.
-pub fn change_of(kind: Kind, object: &DynamicObject) -> Change {
+pub fn change_of(kind: Kind, object: &LeanObject) -> Change {
+    let label = |name: &str| {
+        object
+            .0
+            .get("metadata")
+            .and_then(|m| m.get("labels"))
+            .and_then(|labels| labels.get(name))
+            .and_then(serde_json::Value::as_str)
+    };
     Change {
         kind,
-        namespace: object.metadata.namespace.clone().unwrap_or_default(),
-        name: object.metadata.name.clone().unwrap_or_default(),
+        namespace: object.str_at("/metadata/namespace").unwrap_or_default().to_owned(),
+        name: object.str_at("/metadata/name").unwrap_or_default().to_owned(),
         // A KubeadmConfig's spec has no Cluster: Cluster API labels it.
         cluster_name: match kind {
-            Kind::KubeadmConfig => object
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|labels| labels.get(LABEL_CLUSTER_NAME))
-                .cloned(),
-            Kind::Machine | Kind::MachinePool => object
-                .data
-                .pointer("/spec/clusterName")
-                .and_then(Value::as_str)
-                .map(str::to_owned),
-        },
-        resource_version: object
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|rv| rv.parse().ok()),
+            Kind::KubeadmConfig => label(LABEL_CLUSTER_NAME),
+            Kind::Machine | Kind::MachinePool => object.str_at("/spec/clusterName"),
+        }
+        .map(str::to_owned),
+        resource_version: object.resource_version().and_then(|rv| rv.parse().ok()),
         view: None,
     }
 }
 
 /// The object's view; `None` (and a warning) when it does not read as one: the signer ignores
 /// it, as if it were not there.
-fn view_of(kind: Kind, object: &DynamicObject) -> Option<Object> {
-    let read = serde_json::to_value(object)
-        .map_err(|e| e.to_string())
-        .and_then(|value| {
-            match kind {
-                Kind::Machine => MachineView::from_object(&value).map(Object::Machine),
-                Kind::MachinePool => MachinePoolView::from_object(&value).map(|p| Object::MachinePool(Box::new(p))),
-                Kind::KubeadmConfig => KubeadmConfigView::from_object(&value).map(Object::KubeadmConfig),
-            }
-            .map_err(|e| e.to_string())
-        });
+fn view_of(kind: Kind, object: &LeanObject) -> Option<Object> {
+    let value = &object.0;
+    let read = match kind {
+        Kind::Machine => MachineView::from_object(value).map(Object::Machine),
+        Kind::MachinePool => MachinePoolView::from_object(value).map(|p| Object::MachinePool(Box::new(p))),
+        Kind::KubeadmConfig => KubeadmConfigView::from_object(value).map(Object::KubeadmConfig),
+    };
     match read {
         Ok(view) => Some(view),
         Err(e) => {
-            tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {}", kind.as_str());
+            tracing::warn!(object = %object.key(), error = %e, "ignoring unreadable {}", kind.as_str());
             None
         }
     }
@@ -186,7 +183,7 @@ fn view_of(kind: Kind, object: &DynamicObject) -> Option<Object> {
 /// Applies a watched object: its view is read only when its Cluster is served (the rest of the
 /// fleet costs a glance at its metadata and `spec.clusterName`), and outside the lock unless
 /// the Cluster was gained in between.
-fn apply_watched(shard: &std::sync::RwLock<ShardStore>, kind: Kind, object: &DynamicObject) {
+fn apply_watched(shard: &std::sync::RwLock<ShardStore>, kind: Kind, object: &LeanObject) {
     let mut change = change_of(kind, object);
     let wanted = read(shard).wants(&change);
     if wanted {
@@ -205,7 +202,7 @@ mod tests {
 
     #[test]
     fn a_watched_object_carries_its_cluster_and_numeric_version() {
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
+        let object: LeanObject = serde_json::from_value(serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": "m", "namespace": "ns", "resourceVersion": "42"},
             "spec": {"clusterName": "c"},

@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+use super::lean::LeanObject;
 use super::shard_store::Listed;
 
 /// A view read from an object's JSON.
@@ -116,7 +117,8 @@ impl<'de, V: ReadView> Visitor<'de> for Items<'_, V> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(object) = seq.next_element::<Value>()? {
+        // Lean: the managed fields of a page's objects are skipped by the parser, not built.
+        while let Some(LeanObject(object)) = seq.next_element::<LeanObject>()? {
             let version = object
                 .pointer("/metadata/resourceVersion")
                 .and_then(Value::as_str)

@@ -673,6 +673,8 @@ impl Worker {
                 .replace_subresource("approval", &name, &PostParams::default(), &current)
                 .await
                 .map_err(ApplyError::from_kube)?;
+            // The answer's managed fields need not go back: an update without them keeps them.
+            current.managed_fields_mut().clear();
             self.count(csr, "Approved", reason);
         }
         let Some(issuance) = &decision.issuance else {
@@ -704,10 +706,7 @@ impl Worker {
         };
         current.status.get_or_insert_default().certificate =
             Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
-        self.csr_api()
-            .replace_status(&name, &PostParams::default(), &current)
-            .await
-            .map_err(ApplyError::from_kube)?;
+        self.write_certificate(&name, &current).await?;
         if let Some(created) = object.created {
             self.shared
                 .metrics
@@ -735,6 +734,22 @@ impl Worker {
             ),
         );
         Ok(())
+    }
+
+    /// Writes the certificate through `/status`. The answer (the whole CSR again, with the
+    /// certificate) is checked for its status code but not parsed: nothing reads it, and
+    /// parsing it was one of the four CSR decodes of every join.
+    async fn write_certificate(&self, name: &str, csr: &CertificateSigningRequest) -> Result<(), ApplyError> {
+        let body = serde_json::to_vec(csr).map_err(|e| ApplyError::Transient(format!("cannot encode the CSR: {e}")))?;
+        let mut request = kube::core::Request::new(self.csr_api().resource_url())
+            .replace_subresource("status", name, &PostParams::default(), body)
+            .map_err(|e| ApplyError::Transient(format!("cannot build the status update: {e}")))?;
+        request.extensions_mut().insert("replace_status");
+        self.client
+            .request_text(request)
+            .await
+            .map(drop)
+            .map_err(ApplyError::from_kube)
     }
 
     /// Writes a verifier's challenge on the CSR (with the resourceVersion it was decided on, so
