@@ -557,6 +557,12 @@ impl MachineView {
         (self.claim == ClaimKind::Valid).then(|| self.record())
     }
 
+    /// The node name of the claim, when it is valid for spec.providerID: rule 10 asks it of
+    /// every Machine of the Cluster, so it reads one field, not the whole record.
+    pub fn claimed_node(&self) -> Option<&str> {
+        (self.claim == ClaimKind::Valid).then(|| self.strings.get(field::CLAIM_NODE_NAME).unwrap_or_default())
+    }
+
     fn record(&self) -> ClaimRecord<'_> {
         let get = |i| self.strings.get(i).unwrap_or_default();
         ClaimRecord {
@@ -916,6 +922,7 @@ mod tests {
         assert!(matches!(expected, ClaimState::Valid(_)));
         assert_eq!(m.claim(), expected);
         assert_eq!(m.valid_claim().map(ClaimRecord::to_owned).as_ref(), expected.valid());
+        assert_eq!(m.claimed_node(), expected.valid().map(|c| c.node_name.as_str()));
         // The Machine's name, provider ID and node name each appear once in its text.
         let packed = &m.strings;
         let stored: String = (0..packed.len()).filter_map(|i| packed.get(i)).collect();
@@ -929,7 +936,7 @@ mod tests {
         object["spec"]["providerID"] = json!("aws:///us-east-1a/i-0new");
         let stale = MachineView::from_object(&object).unwrap();
         assert!(matches!(stale.claim(), ClaimState::Stale(c) if c.provider_id == "aws:///us-east-1a/i-0abc"));
-        assert_eq!(stale.valid_claim(), None);
+        assert_eq!((stale.valid_claim(), stale.claimed_node()), (None, None));
         object["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"] = json!("{not json");
         let unreadable = MachineView::from_object(&object).unwrap();
         assert!(matches!(unreadable.claim(), ClaimState::Unreadable(e) if e.contains("does not decode")));

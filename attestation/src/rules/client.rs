@@ -407,11 +407,10 @@ fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName,
     let ours = |namespace: &str, cluster_name: &str| namespace == cluster.namespace && cluster_name == cluster.name;
     let name = name.as_str();
     let for_pool = matches!(target, Target::Pool(_));
+    // Every Machine of the Cluster is asked on every join: the one field that can match is read
+    // first, and whether it is the target only of a Machine that holds the name.
     let machine = inputs.inventory.machines.iter().find_map(|m| {
-        if !ours(&m.namespace, &m.cluster_name) || target.is_machine(m) {
-            return None;
-        }
-        let how = if m.valid_claim().is_some_and(|c| c.node_name == name) {
+        let how = if m.claimed_node() == Some(name) {
             "its claim"
         } else if m.node_ref() == Some(name) {
             "its status.nodeRef"
@@ -427,6 +426,9 @@ fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName,
         } else {
             return None;
         };
+        if !ours(&m.namespace, &m.cluster_name) || target.is_machine(m) {
+            return None;
+        }
         Some(format!("Machine {} ({how})", m.name()))
     });
     machine.or_else(|| {
@@ -637,7 +639,7 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
             .machines
             .iter()
             .map(AsRef::as_ref)
-            .filter(|m| ours(m.name(), &m.namespace, &m.cluster_name))
+            .filter(move |m| ours(m.name(), &m.namespace, &m.cluster_name))
     };
     let pools: Vec<&MachinePoolView> = inputs
         .inventory
@@ -647,7 +649,13 @@ fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Op
         .filter(|p| ours(&p.name, &p.namespace, &p.cluster_name))
         .collect();
 
-    let matching: Vec<&MachineView> = machines().filter(|m| m.provider_id() == Some(pid.as_str())).collect();
+    let matching: Vec<&MachineView> = inputs
+        .inventory
+        .machines
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|m| m.provider_id() == Some(pid.as_str()) && ours(m.name(), &m.namespace, &m.cluster_name))
+        .collect();
     let target = match matching.as_slice() {
         [one] => Target::Machine(one),
         [] => {

@@ -668,13 +668,10 @@ impl Worker {
         let mut current = csr.clone();
         if !approved_already {
             push_condition(&mut current, condition("Approved", reason, message));
-            current = self
-                .csr_api()
-                .replace_subresource("approval", &name, &PostParams::default(), &current)
-                .await
-                .map_err(ApplyError::from_kube)?;
-            // The answer's managed fields need not go back: an update without them keeps them.
-            current.managed_fields_mut().clear();
+            // The CSR as written is ours with a new resourceVersion (the apiserver keeps the
+            // Approved condition as sent; its managed fields stay when an update sends none),
+            // so only that version is read from the answer.
+            current.metadata.resource_version = Some(self.put_csr("approval", &name, &current).await?);
             self.count(csr, "Approved", reason);
         }
         let Some(issuance) = &decision.issuance else {
@@ -706,7 +703,7 @@ impl Worker {
         };
         current.status.get_or_insert_default().certificate =
             Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
-        self.write_certificate(&name, &current).await?;
+        self.put_csr("status", &name, &current).await?;
         if let Some(created) = object.created {
             self.shared
                 .metrics
@@ -736,20 +733,27 @@ impl Worker {
         Ok(())
     }
 
-    /// Writes the certificate through `/status`. The answer (the whole CSR again, with the
-    /// certificate) is checked for its status code but not parsed: nothing reads it, and
-    /// parsing it was one of the four CSR decodes of every join.
-    async fn write_certificate(&self, name: &str, csr: &CertificateSigningRequest) -> Result<(), ApplyError> {
+    /// Replaces `csr`'s `subresource` (`approval`, `status`) and returns its new
+    /// resourceVersion. The answer (the whole CSR again) is not parsed beyond that version:
+    /// nothing else of it is read, and parsing it whole was two of the five CSR decodes of
+    /// every join.
+    async fn put_csr(
+        &self,
+        subresource: &str,
+        name: &str,
+        csr: &CertificateSigningRequest,
+    ) -> Result<String, ApplyError> {
         let body = serde_json::to_vec(csr).map_err(|e| ApplyError::Transient(format!("cannot encode the CSR: {e}")))?;
         let mut request = kube::core::Request::new(self.csr_api().resource_url())
-            .replace_subresource("status", name, &PostParams::default(), body)
-            .map_err(|e| ApplyError::Transient(format!("cannot build the status update: {e}")))?;
-        request.extensions_mut().insert("replace_status");
-        self.client
-            .request_text(request)
-            .await
-            .map(drop)
-            .map_err(ApplyError::from_kube)
+            .replace_subresource(subresource, name, &PostParams::default(), body)
+            .map_err(|e| ApplyError::Transient(format!("cannot build the {subresource} update: {e}")))?;
+        request.extensions_mut().insert("replace_subresource");
+        let answer = self.client.request_text(request).await.map_err(ApplyError::from_kube)?;
+        written_version(&answer).ok_or_else(|| {
+            ApplyError::Transient(format!(
+                "the apiserver's answer to the {subresource} update carries no resourceVersion"
+            ))
+        })
     }
 
     /// Writes a verifier's challenge on the CSR (with the resourceVersion it was decided on, so
@@ -961,6 +965,24 @@ fn slim(csr: &mut CertificateSigningRequest) {
     }
 }
 
+/// `metadata.resourceVersion` of a written object's JSON; the rest is skipped by the parser.
+fn written_version(answer: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Written {
+        metadata: WrittenMeta,
+    }
+    #[derive(serde::Deserialize)]
+    struct WrittenMeta {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    serde_json::from_str::<Written>(answer)
+        .ok()?
+        .metadata
+        .resource_version
+        .filter(|v| !v.is_empty())
+}
+
 /// What the watch cache keeps of an issued certificate (about 1 KiB of PEM otherwise).
 const ISSUED: &[u8] = b"issued";
 
@@ -998,6 +1020,24 @@ mod tests {
             csr.status.get_or_insert_default().certificate = Some(k8s_openapi::ByteString(b"x".to_vec()));
         }
         csr
+    }
+
+    #[test]
+    fn a_written_csrs_version_is_read_and_nothing_else_must_parse() {
+        let answer = r#"{"kind": "CertificateSigningRequest", "metadata": {"name": "c",
+            "resourceVersion": "812", "managedFields": [{"manager": "x"}]},
+            "spec": {"request": "not even base64"}, "status": {"certificate": 5}}"#;
+        assert_eq!(written_version(answer).as_deref(), Some("812"));
+        for answer in [
+            "",
+            "{}",
+            r#"{"metadata": {}}"#,
+            r#"{"metadata": {"resourceVersion": ""}}"#,
+            r#"{"metadata": {"resourceVersion": 812}}"#,
+            "[1]",
+        ] {
+            assert_eq!(written_version(answer), None, "{answer}");
+        }
     }
 
     #[test]
