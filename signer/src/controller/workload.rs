@@ -663,7 +663,9 @@ impl Worker {
         let mut written = None;
         if let Some(claim) = &decision.claim {
             written = Some(self.shared.management.write_claim(claim).await?);
-            tracing::info!(node = %claim.record.node_name, "claimed {}", claim.target.name);
+            // Said at info by the one line of a signed join ("approved and signed", in this
+            // span, naming the Machine); a claim whose CSR is not signed logs why it was not.
+            tracing::debug!(node = %claim.record.node_name, "claimed {}", claim.target.name);
         }
         let mut current = csr.clone();
         if !approved_already {
@@ -688,6 +690,7 @@ impl Worker {
         let Some(target) = &decision.target else {
             return Err(ApplyError::Transient("an approved client CSR without a Machine".into()));
         };
+        let claimed_now = written.is_some();
         if let Err(why) = self.recheck_claim(target, object, issuance, written).await? {
             return self.refuse(&current, decision, "MachineAlreadyClaimed", &why).await;
         }
@@ -716,7 +719,12 @@ impl Worker {
             "renewal"
         };
         self.shared.metrics.issued(&self.key, kind);
-        tracing::info!(reason, not_after = %certificate.not_after, "approved and signed");
+        tracing::info!(
+            reason,
+            claimed_now,
+            not_after = %certificate.not_after,
+            "approved and signed"
+        );
         self.mark_finished(csr);
         if let Some(earlier) = &decision.supersedes {
             self.supersede(earlier, &name, decision).await;
