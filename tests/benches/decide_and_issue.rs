@@ -102,9 +102,7 @@ fn bench(c: &mut Criterion) {
         ("P-256 CSR, 100 Machines", &inventory),
         ("P-256 CSR, 500 Machines, 250 claimed", &storm),
     ] {
-        decide_only.bench_function(name, |b| {
-            b.iter(|| decide(inventory).1)
-        });
+        decide_only.bench_function(name, |b| b.iter(|| decide(inventory).1));
     }
     decide_only.finish();
 
