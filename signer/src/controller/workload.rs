@@ -673,7 +673,10 @@ impl Worker {
             // The CSR as written is ours with a new resourceVersion (the apiserver keeps the
             // Approved condition as sent; its managed fields stay when an update sends none),
             // so only that version is read from the answer.
-            current.metadata.resource_version = Some(self.put_csr("approval", &name, &current).await?);
+            let version = self.put_csr("approval", &name, &current).await?.ok_or_else(|| {
+                ApplyError::Transient("the apiserver's answer to the approval carries no resourceVersion".into())
+            })?;
+            current.metadata.resource_version = Some(version);
             self.count(csr, "Approved", reason);
         }
         let Some(issuance) = &decision.issuance else {
@@ -742,26 +745,22 @@ impl Worker {
     }
 
     /// Replaces `csr`'s `subresource` (`approval`, `status`) and returns its new
-    /// resourceVersion. The answer (the whole CSR again) is not parsed beyond that version:
-    /// nothing else of it is read, and parsing it whole was two of the five CSR decodes of
-    /// every join.
+    /// resourceVersion (`None` when the answer carries none: the write was made all the same).
+    /// The answer (the whole CSR again) is not parsed beyond that version: nothing else of it
+    /// is read, and parsing it whole was two of the five CSR decodes of every join.
     async fn put_csr(
         &self,
         subresource: &str,
         name: &str,
         csr: &CertificateSigningRequest,
-    ) -> Result<String, ApplyError> {
+    ) -> Result<Option<String>, ApplyError> {
         let body = serde_json::to_vec(csr).map_err(|e| ApplyError::Transient(format!("cannot encode the CSR: {e}")))?;
         let mut request = kube::core::Request::new(self.csr_api().resource_url())
             .replace_subresource(subresource, name, &PostParams::default(), body)
             .map_err(|e| ApplyError::Transient(format!("cannot build the {subresource} update: {e}")))?;
         request.extensions_mut().insert("replace_subresource");
         let answer = self.client.request_text(request).await.map_err(ApplyError::from_kube)?;
-        written_version(&answer).ok_or_else(|| {
-            ApplyError::Transient(format!(
-                "the apiserver's answer to the {subresource} update carries no resourceVersion"
-            ))
-        })
+        Ok(written_version(&answer))
     }
 
     /// Writes a verifier's challenge on the CSR (with the resourceVersion it was decided on, so
