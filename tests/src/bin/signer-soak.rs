@@ -24,10 +24,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -398,60 +397,27 @@ fn signer_binary(args: &Args) -> PathBuf {
 // ---------------------------------------------------------------------------------------------
 // Which replica names give every replica a loaded cluster
 
-/// The signer's rendezvous weight (`signer/src/controller/shard.rs`): the first 8 bytes of
-/// SHA-256(len(member) as u64 BE || member || uid), here through `openssl dgst`.
-fn weight(member: &str, uid: &str) -> u64 {
-    let mut input = (member.len() as u64).to_be_bytes().to_vec();
-    input.extend_from_slice(member.as_bytes());
-    input.extend_from_slice(uid.as_bytes());
-    let mut child = Command::new("openssl")
-        .args(["dgst", "-sha256", "-binary"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("openssl");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&input)
-        .expect("openssl stdin");
-    let out = child.wait_with_output().expect("openssl");
-    u64::from_be_bytes(out.stdout[..8].try_into().expect("a SHA-256 digest"))
-}
+/// The signer's own assignment, compiled in here: the signer is a binary (no library to link),
+/// and the names must be chosen by exactly the code its replicas run.
+#[path = "../../../signer/src/controller/shard.rs"]
+mod shard;
 
 /// `replicas` names among a..z (first in order) under which every replica owns at least one of
 /// the loaded clusters `loaded`, all replicas live; a, b, c, … when none does. Owners as the
-/// signer assigns them over `all` opted-in Clusters (`shard::assign`: rendezvous, each member
-/// capped at its fair share plus 5%, UIDs taken in order).
+/// signer assigns them over `all` opted-in Clusters ([`shard::assign`]).
 fn choose_names(loaded: &[String], all: &[String], replicas: usize) -> Vec<String> {
     let candidates: Vec<String> = ('a'..='z').map(String::from).collect();
-    let weights: HashMap<(usize, usize), u64> = (0..candidates.len())
-        .flat_map(|c| (0..all.len()).map(move |u| (c, u)))
-        .map(|(c, u)| ((c, u), weight(&member(&candidates[c]), &all[u])))
-        .collect();
-    let mut order: Vec<usize> = (0..all.len()).collect();
-    order.sort_by(|a, b| all[*a].cmp(&all[*b]));
+    let uids: Vec<&str> = all.iter().map(String::as_str).collect();
     let covers = |chosen: &[usize]| {
-        let fair = all.len().div_ceil(chosen.len());
-        let cap = fair + fair / 20;
-        let mut load: HashMap<usize, usize> = HashMap::new();
-        let mut owners: HashMap<&str, usize> = HashMap::new();
-        for &u in &order {
-            let mut ranked = chosen.to_vec();
-            ranked.sort_by(|a, b| {
-                weights[&(*b, u)]
-                    .cmp(&weights[&(*a, u)])
-                    .then_with(|| member(&candidates[*b]).cmp(&member(&candidates[*a])))
-            });
-            if let Some(c) = ranked.into_iter().find(|c| load.get(c).copied().unwrap_or(0) < cap) {
-                *load.entry(c).or_default() += 1;
-                owners.insert(all[u].as_str(), c);
-            }
-        }
-        chosen
+        let members: Vec<String> = chosen.iter().map(|c| member(&candidates[*c])).collect();
+        let owners = shard::assign(&uids, &members);
+        let serving_loaded: HashSet<&str> = uids
             .iter()
-            .all(|c| loaded.iter().any(|u| owners.get(u.as_str()) == Some(c)))
+            .zip(owners)
+            .filter(|(uid, _)| loaded.iter().any(|l| l == *uid))
+            .filter_map(|(_, owner)| owner)
+            .collect();
+        members.iter().all(|m| serving_loaded.contains(m.as_str()))
     };
     let chosen = combinations(candidates.len(), replicas)
         .find(|chosen| covers(chosen))
@@ -1524,6 +1490,18 @@ mod unit {
         let all: Vec<Vec<usize>> = combinations(4, 2).collect();
         assert_eq!(all, [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]]);
         assert_eq!(combinations(2, 3).count(), 0);
+    }
+
+    #[test]
+    fn chosen_names_give_every_replica_a_loaded_cluster_as_the_signer_assigns_them() {
+        let all: Vec<String> = (0..12).map(|i| format!("7c0e{i:02}-uid")).collect();
+        let names = choose_names(&all[..4], &all, 3);
+        let members: Vec<String> = names.iter().map(|n| member(n)).collect();
+        let uids: Vec<&str> = all.iter().map(String::as_str).collect();
+        let owners = shard::assign(&uids, &members);
+        for m in &members {
+            assert!(owners[..4].contains(&Some(m.as_str())), "{names:?}: {owners:?}");
+        }
     }
 
     #[test]
