@@ -8,6 +8,7 @@ use time::OffsetDateTime;
 
 use crate::claim::KubeletClaim;
 use crate::csr::ParsedCsr;
+use crate::csr_object::{CsrDirectory, CsrObject, CsrRef};
 use crate::decision::DenyReason;
 use crate::envelope::ProviderVersion;
 use crate::machine::ClusterView;
@@ -78,61 +79,6 @@ pub trait Attestor {
     }
 }
 
-/// Other CSRs of the same workload cluster: a second-phase request names its first, and a
-/// provider bounds how many of its challenges are pending.
-pub trait CsrDirectory {
-    /// The CSR called `name`, if the signer knows it.
-    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject>;
-    /// The unfinished CSRs carrying `annotation`.
-    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject>;
-}
-
-/// No other CSRs (offline use).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct NoCsrs;
-
-impl CsrDirectory for NoCsrs {
-    fn csr(&self, _name: &str) -> Option<crate::rules::CsrObject> {
-        None
-    }
-
-    fn pending_with(&self, _annotation: &str) -> Vec<crate::rules::CsrObject> {
-        Vec::new()
-    }
-}
-
-impl CsrDirectory for [crate::rules::CsrObject] {
-    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
-        self.iter().find(|c| c.name == name).cloned()
-    }
-
-    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject> {
-        self.iter()
-            .filter(|c| !c.finished && c.annotations.contains_key(annotation))
-            .cloned()
-            .collect()
-    }
-}
-
-impl CsrDirectory for Vec<crate::rules::CsrObject> {
-    fn csr(&self, name: &str) -> Option<crate::rules::CsrObject> {
-        self.as_slice().csr(name)
-    }
-
-    fn pending_with(&self, annotation: &str) -> Vec<crate::rules::CsrObject> {
-        self.as_slice().pending_with(annotation)
-    }
-}
-
-/// A CSR named by name and UID.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct CsrRef {
-    /// metadata.name
-    pub name: String,
-    /// metadata.uid
-    pub uid: String,
-}
-
 /// What the verifier is given: the evidence and the facts it may be checked against.
 #[derive(Clone, Copy)]
 #[non_exhaustive]
@@ -146,7 +92,7 @@ pub struct Evidence<'a> {
     /// The CSR's provider ID (rule 8 held): what a cloud statement must name.
     pub provider_id: &'a crate::identity::ProviderId,
     /// The CSR object (name, UID, requester, annotations).
-    pub object: &'a crate::rules::CsrObject,
+    pub object: &'a CsrObject,
     /// Other CSRs of the workload cluster.
     pub csrs: &'a dyn CsrDirectory,
     /// The Cluster.

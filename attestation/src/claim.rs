@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::machine::TargetRef;
 use crate::names::{ANNOTATION_CLAIM, ANNOTATION_POOL_CLAIMS};
+use crate::target::TargetRef;
 
 /// One claim record: `{"nodeName","providerID","csrUID","ekSHA256"?,"instance"?,"claimedAt"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

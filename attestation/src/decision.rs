@@ -257,7 +257,7 @@ pub struct Decision {
     /// An earlier CSR this approved one replaces (TPM phase 1): denied `Superseded` once this
     /// one is signed, never signed itself.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub supersedes: Option<crate::attestor::CsrRef>,
+    pub supersedes: Option<crate::csr_object::CsrRef>,
     /// For an approved client CSR: the verified request, ready for [`crate::ca::ClusterCa::issue`]
     /// without parsing it again.
     #[serde(skip)]

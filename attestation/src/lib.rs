@@ -1,6 +1,7 @@
 //! Attested kubelet identity for Cluster API: the shared library.
 //!
-//! - [`envelope`] and [`csr`]: the `spec.request` wire format (SPEC section 2) and PKCS#10.
+//! - [`envelope`] and [`csr`]: the `spec.request` wire format (SPEC section 2) and PKCS#10;
+//!   [`csr_object`]: the CertificateSigningRequest object's fields and the other CSRs.
 //! - [`rules`]: the pure rule engine of SPEC sections 3 and 4, returning a [`Decision`].
 //! - [`machine`] and [`claim`]: read-only views of Cluster API objects and the signer's claim.
 //! - [`attestor`]: the provider trait pair; [`insecure`] is `insecure/v1`, [`tpm`] `tpm/v1`,
@@ -16,6 +17,7 @@ pub mod ca;
 pub mod claim;
 pub mod cloud;
 pub mod csr;
+pub mod csr_object;
 pub mod decision;
 mod digest;
 pub mod envelope;
@@ -26,8 +28,9 @@ pub mod machine;
 pub mod names;
 pub mod request;
 pub mod rules;
+pub mod target;
 pub mod tpm;
 
-pub use attestor::{CsrDirectory, NoCsrs};
+pub use csr_object::{CsrDirectory, CsrObject, CsrRef, NoCsrs};
 pub use decision::{Decision, DenyReason, Outcome, Rule, Verdict};
-pub use rules::{Clock, CsrObject, Inputs, NodeDirectory, NodeLookup, decide, requested_node_name};
+pub use rules::{Clock, Inputs, NodeDirectory, NodeLookup, decide, requested_node_name};

@@ -19,6 +19,8 @@ use crate::names::{
     LABEL_CLUSTER_NAME,
 };
 
+pub use crate::target::{TargetKind, TargetRef};
+
 /// Why an object cannot be read as the view asked for.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -56,50 +58,6 @@ pub enum ApiVersion {
     /// `cluster.x-k8s.io/v1beta2` (served and stored).
     #[serde(rename = "v1beta2")]
     V1beta2,
-}
-
-/// Machine or MachinePool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum TargetKind {
-    /// A Machine.
-    Machine,
-    /// A MachinePool instance.
-    MachinePool,
-}
-
-/// The object a CSR maps to, for claims and Events.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct TargetRef {
-    /// Machine or MachinePool.
-    pub kind: TargetKind,
-    /// Its name.
-    pub name: String,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its UID.
-    pub uid: String,
-}
-
-impl TargetRef {
-    /// A Machine reference.
-    pub fn machine(name: &str, namespace: &str, uid: &str) -> Self {
-        Self {
-            kind: TargetKind::Machine,
-            name: name.into(),
-            namespace: namespace.into(),
-            uid: uid.into(),
-        }
-    }
-
-    /// A MachinePool reference.
-    pub fn pool(name: &str, namespace: &str, uid: &str) -> Self {
-        Self {
-            kind: TargetKind::MachinePool,
-            name: name.into(),
-            namespace: namespace.into(),
-            uid: uid.into(),
-        }
-    }
 }
 
 /// An entry of `status.addresses`, borrowed from its Machine.
@@ -316,6 +274,11 @@ pub struct ClusterView {
 }
 
 impl ClusterView {
+    /// `<namespace>/<name>`: how the signer names a Cluster in its caches, logs and metrics.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
     /// A Cluster with only a name and namespace (offline use); opted in, allowing `allowed`.
     pub fn named(name: &str, namespace: &str, allowed: &[&str]) -> Self {
         Self {

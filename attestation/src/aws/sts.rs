@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use time::{Duration, OffsetDateTime, PrimitiveDateTime};
 
-use crate::cloud::check_fresh;
+use crate::cloud::statement::check_fresh;
 
 /// The one request accepted.
 pub const GET_CALLER_IDENTITY_BODY: &str = "Action=GetCallerIdentity&Version=2011-06-15";

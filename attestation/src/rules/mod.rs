@@ -11,38 +11,11 @@ use std::collections::BTreeMap;
 
 use time::{Duration, OffsetDateTime};
 
-use crate::attestor::{CsrDirectory, Verifiers};
+use crate::attestor::Verifiers;
+use crate::csr_object::{CsrDirectory, CsrObject};
 use crate::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, RuleOutcome, Verdict};
 use crate::machine::{ClusterView, Inventory, NodeView};
 use crate::names::{SIGNER_AWS, SIGNER_GCP, SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
-
-/// The fields of a `certificates.k8s.io/v1` CertificateSigningRequest the rules read.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CsrObject {
-    /// metadata.name
-    pub name: String,
-    /// metadata.uid
-    pub uid: String,
-    /// spec.request, decoded from base64 (PEM text).
-    pub request: Vec<u8>,
-    /// spec.signerName
-    pub signer_name: String,
-    /// spec.usages
-    pub usages: Vec<String>,
-    /// spec.username
-    pub username: String,
-    /// spec.groups
-    pub groups: Vec<String>,
-    /// spec.expirationSeconds
-    pub expiration_seconds: Option<i64>,
-    /// metadata.creationTimestamp
-    pub created: Option<OffsetDateTime>,
-    /// metadata.annotations (set by anyone who could create the CSR: trusted only where a
-    /// verifier can check them).
-    pub annotations: BTreeMap<String, String>,
-    /// Denied, Failed, or its certificate issued: nothing more will happen to it.
-    pub finished: bool,
-}
 
 /// Time, as the signer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

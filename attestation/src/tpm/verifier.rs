@@ -18,8 +18,9 @@ use super::data::{ChallengeAnnotation, ChallengeBinding, TpmData, challenge_secr
 use super::ek::EkTrust;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
-use crate::attestor::{CsrRef, Evidence, Verification, Verifier};
+use crate::attestor::{Evidence, Verification, Verifier};
 use crate::csr::ParsedCsr;
+use crate::csr_object::CsrRef;
 use crate::decision::DenyReason;
 use crate::digest::{hex, sha256};
 use crate::envelope::RequestEnvelope;

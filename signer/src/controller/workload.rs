@@ -794,7 +794,7 @@ impl Worker {
 
     /// Denies the CSR an approved one replaced (TPM CSR #1 once CSR #2 is signed), unless it
     /// is already finished; it is never signed.
-    async fn supersede(&self, earlier: &attestation::attestor::CsrRef, by: &str, decision: &Decision) {
+    async fn supersede(&self, earlier: &attestation::CsrRef, by: &str, decision: &Decision) {
         let Some(first) = self.csrs.get(&ObjectRef::new(&earlier.name)) else {
             return;
         };

@@ -1,18 +1,6 @@
-//! What the two cloud identity providers (`gcp/v1`, `aws/v1`, SPEC section 5) share: the key
-//! binding, freshness, the instance recorded in the claim, and the calls the signer makes to
-//! the cloud on a verifier's behalf.
-//!
-//! A cloud's signed statement says "this is instance X"; on its own it is a bearer token that
-//! anyone who reads it off the node could replay. Both providers therefore bind it to the CSR's
-//! key: the statement (GCE: the token's audience; AWS: a signed STS header) carries
-//! [`binding`] of the CSR's SubjectPublicKeyInfo, so a copied statement is useless with any
-//! other key, and it must be minutes old, so a stolen one expires.
-//!
-//! Verification stays pure: the cloud's keys and answers reach the verifiers through traits
-//! ([`crate::gcp::GoogleKeys`], [`crate::aws::CallerIdentity`]) that the signer implements
-//! over caches. When a verifier needs something the cache does not hold yet, it answers
-//! [`crate::attestor::Verification::NeedsCloud`] with the [`CloudCall`] to make; the
-//! controller makes it and decides again.
+//! What a cloud's signed statement must satisfy before a verifier believes it, for every cloud
+//! provider alike: bound to the CSR's key ([`binding`]), fresh ([`check_fresh`]), and from an
+//! account the Cluster allows ([`allow_list`]). Nothing here knows a particular cloud.
 
 use base64::Engine as _;
 use time::{Duration, OffsetDateTime};
@@ -56,20 +44,6 @@ pub fn check_fresh(what: &str, at: OffsetDateTime, now: OffsetDateTime, max_age:
 pub(crate) fn rfc3339(at: OffsetDateTime) -> String {
     at.format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_else(|_| at.unix_timestamp().to_string())
-}
-
-/// A call to a cloud that a verifier needs made before it can judge a CSR. The controller makes
-/// it (through the same traits' implementations) and decides again; offline, `check` says
-/// which call it could not make.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CloudCall {
-    /// Fetch Google's signing keys again: a token names a key the cached set lacks, or no set
-    /// is loaded yet. The fetcher rate-limits itself.
-    RefreshGoogleKeys,
-    /// Send this STS `GetCallerIdentity` request (the node's, replayed to the signer's own
-    /// endpoint) and keep the answer.
-    CallerIdentity(crate::aws::StsCall),
 }
 
 /// Reads a comma-list allow-list annotation of the Cluster (`kubelet-aws-accounts`,
