@@ -1,15 +1,15 @@
 //! `node-attestation-signer run`: the management-cluster controller.
 //!
 //! - [`management`]: the Cluster cache, the served Clusters' Cluster API objects
-//!   ([`shard_store`], fed by the watches of [`shard_feed`]) and the namespace lists of gained
+//!   ([`management::store`], fed by the watches of [`management::feed`]) and the namespace lists of gained
 //!   ones, the claim write, Secrets.
 //! - [`fleet`]: which workload clusters are served (opt-in, shard, Secrets, shared-CA refusal).
-//! - [`membership`] and [`shard`]: `--coordination=shard`: every replica renews its own Lease
+//! - [`fleet::membership`] and [`fleet::shard`]: `--coordination=shard`: every replica renews its own Lease
 //!   and serves the Clusters rendezvous hashing assigns it among the live members.
 //! - [`workload`]: one workload cluster's CSR watch, queue and fetch -> decide -> apply loop.
-//! - [`nodes`]: one workload cluster's Nodes by provider ID, from a watch.
+//! - [`workload::nodes`]: one workload cluster's Nodes by provider ID, from a watch.
 //! - [`challenge_key`]: the `tpm/v1` challenge key, loaded when a TPM CSR first needs it.
-//! - [`queue`]: bounded, deduplicating per-cluster queues.
+//! - [`workload::queue`]: bounded, deduplicating per-cluster queues.
 //! - [`metrics`] and [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 //!
 //! Decisions are the rule engine's ([`attestation::decide`]); this module only fetches their
@@ -20,17 +20,8 @@ pub mod client;
 pub mod events;
 pub mod fleet;
 pub mod http;
-pub mod inflight;
-pub mod lean;
 pub mod management;
-pub mod membership;
 pub mod metrics;
-pub mod nodes;
-pub mod queue;
-pub mod shard;
-pub mod shard_feed;
-pub mod shard_store;
-pub mod view_page;
 pub mod workload;
 
 use std::net::SocketAddr;
@@ -341,7 +332,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
         metrics: metrics.clone(),
         events: events::EventSink::start(recorder.clone(), events::Budget::default(), metrics.event_outcomes()),
         recorder,
-        in_flight: inflight::InFlight::new(inflight::Tuning::default(), metrics.in_flight_gauges()),
+        in_flight: workload::inflight::InFlight::new(workload::inflight::Tuning::default(), metrics.in_flight_gauges()),
         verifiers,
         challenge_key,
         cloud,
@@ -362,13 +353,13 @@ async fn serve(args: &RunArgs) -> Result<()> {
     // Joined only once the watches have started (the Cluster API objects of its share are then
     // listed as it gains them): until then the peers keep this share.
     let mut membership = if sharded {
-        let settings = membership::Settings::new(
+        let settings = fleet::membership::Settings::new(
             &args.leader_election_namespace,
             &args.leader_election_id,
             &replica,
             &holder,
         );
-        Some(membership::Membership::join(membership_client, settings, metrics.clone()).await?)
+        Some(fleet::membership::Membership::join(membership_client, settings, metrics.clone()).await?)
     } else {
         None
     };

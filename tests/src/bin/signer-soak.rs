@@ -399,7 +399,7 @@ fn signer_binary(args: &Args) -> PathBuf {
 
 /// The signer's own assignment, compiled in here: the signer is a binary (no library to link),
 /// and the names must be chosen by exactly the code its replicas run.
-#[path = "../../../signer/src/controller/shard.rs"]
+#[path = "../../../signer/src/controller/fleet/shard.rs"]
 mod shard;
 
 /// `replicas` names among a..z (first in order) under which every replica owns at least one of

@@ -1,5 +1,5 @@
 //! The Cluster API objects of the Clusters this replica serves, and only those (the pure part
-//! of [`super::management`]'s caches: no I/O, unit-tested).
+//! of [`super`]'s caches: no I/O, unit-tested).
 //!
 //! Every replica watches every Machine, MachinePool and KubeadmConfig of the management cluster
 //! (one watch per kind, whatever the fleet's size), but keeps only the views of the Clusters it

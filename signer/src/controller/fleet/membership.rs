@@ -34,8 +34,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use super::metrics::Metrics;
 use super::shard;
+use crate::controller::metrics::Metrics;
 
 /// The label every member Lease carries; its value is the group (`--leader-election-id`), so
 /// two signer installations in one namespace do not mix.

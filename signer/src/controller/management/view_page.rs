@@ -17,7 +17,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::Value;
 
 use super::lean::LeanObject;
-use super::shard_store::Listed;
+use super::store::Listed;
 
 /// A view read from an object's JSON.
 pub trait ReadView: Sized {

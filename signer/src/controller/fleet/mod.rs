@@ -19,6 +19,9 @@
 //! (a shared CA is refused whichever replicas own the two), and logs, counts and records an
 //! Event on the Cluster for each hand-over.
 
+pub mod membership;
+pub mod shard;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,9 +35,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use zeroize::Zeroizing;
 
-use super::membership::View;
-use super::metrics::{ClusterState, Direction};
-use super::workload::{Shared, Worker, cluster_reference, publish};
+use self::membership::View;
+use crate::controller::metrics::{ClusterState, Direction};
+use crate::controller::workload::{Shared, Worker, cluster_reference, publish};
 
 /// What a Cluster's Secrets gave.
 struct Credentials {
@@ -82,7 +85,7 @@ enum OwnRead {
 /// When a Cluster read now is read again: `period` after now, less up to a quarter chosen by its
 /// UID, so that Clusters read together at start drift apart.
 fn next_read(now: Instant, period: Duration, uid: &str) -> Instant {
-    let spread = super::shard::weight("secret-resync", uid) as f64 / u64::MAX as f64;
+    let spread = shard::weight("secret-resync", uid) as f64 / u64::MAX as f64;
     now + period.mul_f64(0.75 + 0.25 * spread)
 }
 
@@ -350,7 +353,7 @@ impl Fleet {
             .metrics
             .tpm_challenge_key(self.shared.challenge_key.key().is_loaded());
         let cached = self.shared.management.cached();
-        let kinds = super::shard_store::Kind::ALL;
+        let kinds = crate::controller::management::store::Kind::ALL;
         let counts: Vec<(&str, usize)> = kinds.iter().map(|k| k.as_str()).zip(cached).collect();
         self.shared.metrics.cached_objects(&counts);
     }
@@ -597,7 +600,7 @@ impl Fleet {
             .await
             .map_err(|e| format!("Secret {secret_name}: {e}"))?;
         config.connect_timeout = Some(self.shared.settings.request_timeout);
-        super::client::build(config).map_err(|e| format!("Secret {secret_name}: {e}"))
+        crate::controller::client::build(config).map_err(|e| format!("Secret {secret_name}: {e}"))
     }
 }
 

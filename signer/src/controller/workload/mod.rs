@@ -8,6 +8,10 @@
 //! racing CSRs for one Machine, at most one is ever signed, whatever the interleaving and
 //! however many replicas or restarts.
 
+pub mod inflight;
+pub mod nodes;
+pub mod queue;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,12 +38,12 @@ use time::OffsetDateTime;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use super::events::{EventSink, Report};
-use super::inflight::{Answer, InFlight};
-use super::management::{ApplyError, Backoff, Management};
-use super::metrics::{ClusterState, DecisionLabels, Metrics};
-use super::nodes::NodeIndex;
-use super::queue::{Pushed, WorkQueue};
+use self::inflight::{Answer, InFlight};
+use self::nodes::NodeIndex;
+use self::queue::{Pushed, WorkQueue};
+use crate::controller::events::{EventSink, Report};
+use crate::controller::management::{ApplyError, Backoff, Management};
+use crate::controller::metrics::{ClusterState, DecisionLabels, Metrics};
 use crate::csr_object::{Stage, csr_object, stage};
 
 /// A kubeadm ClusterRoleBinding that lets kube-controller-manager hand out kubelet identities
@@ -101,7 +105,7 @@ pub struct Shared {
     /// Attestation verifiers.
     pub verifiers: Verifiers,
     /// Loads the `tpm/v1` challenge key the verifiers derive under, when a TPM CSR needs it.
-    pub challenge_key: Arc<super::challenge_key::ChallengeKeyLoader>,
+    pub challenge_key: Arc<crate::controller::challenge_key::ChallengeKeyLoader>,
     /// Google's keys and STS's answers, fetched when a cloud verifier asks.
     pub cloud: Arc<crate::cloud::Cloud>,
     /// Decisions (the CPU-bound part) across all clusters, as many at once as cores.

@@ -1,13 +1,18 @@
 //! The management cluster: a watch cache of Clusters, the Machines, MachinePools and
 //! KubeadmConfigs of the Clusters this replica serves (kept as the rule engine's views, not as
-//! raw objects: [`super::shard_store`]), fresh reads for the re-check before signing, the claim
+//! raw objects: [`store`]), fresh reads for the re-check before signing, the claim
 //! write, and Secrets by name.
 //!
-//! One watch per kind ([`super::shard_feed`], from the current resourceVersion, never listing
+//! One watch per kind ([`feed`], from the current resourceVersion, never listing
 //! the fleet) carries the whole fleet's changes; what belongs to Clusters served elsewhere is
 //! dropped as it arrives, so a replica's memory follows its shard. A Cluster gained is listed
 //! from its namespace (a paged, consistent LIST per kind, one per namespace for
 //! all the Clusters gained there in one pass) before the worker decides anything for it.
+
+pub mod feed;
+pub mod lean;
+pub mod store;
+pub mod view_page;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,10 +32,9 @@ use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
-use super::lean::LeanObject;
-use super::shard_feed;
-use super::shard_store::{Kind, Listed, Part, Served, ShardStore, Ticket};
-use super::view_page::{ReadView, ViewPage};
+use self::lean::LeanObject;
+use self::store::{Kind, Listed, Part, Served, ShardStore, Ticket};
+use self::view_page::{ReadView, ViewPage};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -284,7 +288,7 @@ impl Management {
                 Kind::KubeadmConfig => management.config_resource.as_ref(),
             };
             match resource {
-                Some(r) => shard_feed::spawn(api(r), kind, Arc::clone(&management)),
+                Some(r) => feed::spawn(api(r), kind, Arc::clone(&management)),
                 None => management.feed_started(kind),
             }
         }
@@ -607,7 +611,7 @@ fn kind_index(kind: Kind) -> usize {
 
 /// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
 /// time to `each` (a large namespace is never held whole, and each page is read straight into
-/// views: [`super::view_page`]); unreadable ones are left out, as the watch leaves them out.
+/// views: [`view_page`]); unreadable ones are left out, as the watch leaves them out.
 async fn for_each_page<V: ReadView>(
     client: &Client,
     resource: &ApiResource,

@@ -6,7 +6,7 @@
 //! streamed and dropped (the objects of Clusters served elsewhere are not kept), and a replica
 //! could not take its share before that list ended. The watch only has to carry the changes of
 //! the Clusters this replica serves; what they held before is listed from their namespaces
-//! when they are gained ([`super::shard_store`], steps 1 to 3). So:
+//! when they are gained ([`super::store`], steps 1 to 3). So:
 //!
 //! 1. The feed reads the collection's current resourceVersion (a `LIST` of one item) and
 //!    watches from there, with bookmarks, re-watching from the last version it saw whenever the
@@ -14,7 +14,7 @@
 //! 2. When the API server no longer has that version (410 Gone: the watch was down longer than
 //!    its history), the changes in between are lost: the feed takes a new starting version and
 //!    every served Cluster is gained again, empty, and listed
-//!    ([`super::management::Management::regain`]); until then it decides nothing, as any Cluster
+//!    ([`super::Management::regain`]); until then it decides nothing, as any Cluster
 //!    being listed.
 
 use std::sync::Arc;
@@ -27,8 +27,8 @@ use attestation::machine::{KubeadmConfigView, MachinePoolView, MachineView};
 use attestation::names::LABEL_CLUSTER_NAME;
 
 use super::lean::LeanObject;
-use super::management::{Backoff, Management, read, write};
-use super::shard_store::{Change, Kind, Object, ShardStore};
+use super::store::{Change, Kind, Object, ShardStore};
+use super::{Backoff, Management, read, write};
 
 /// How long one watch request lasts before it is renewed from the last version seen.
 const WATCH_SECONDS: u32 = 290;

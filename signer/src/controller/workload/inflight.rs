@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::metrics::InFlightGauges;
+use crate::controller::metrics::InFlightGauges;
 
 /// The limiter's constants.
 #[derive(Debug, Clone, Copy)]
