@@ -6,6 +6,7 @@ mod cloud;
 mod controller;
 mod csr_object;
 mod explain;
+mod locks;
 mod manifests;
 mod render;
 mod verifiers;

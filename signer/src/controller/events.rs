@@ -17,8 +17,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use attestation::machine::ClusterView;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
@@ -246,7 +247,7 @@ async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Rece
 }
 
 async fn write(recorder: &Recorder, report: &Report) {
-    super::workload::publish(
+    publish(
         recorder,
         &report.regarding,
         report.type_,
@@ -255,6 +256,45 @@ async fn write(recorder: &Recorder, report: &Report) {
         &report.note,
     )
     .await;
+}
+
+/// Kubernetes caps an Event note at 1 KiB.
+pub fn note(text: &str) -> String {
+    attestation::identity::truncate(text, 1000)
+}
+
+/// Records an Event on `reference`; a failure is logged, never fatal (Events are a report, the
+/// CSR conditions are the record).
+pub async fn publish(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    text: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note(text)),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, reference).await {
+        tracing::warn!(error = %e, reason, "cannot record an Event");
+    }
+}
+
+/// An Event reference to a Cluster.
+pub fn cluster_reference(cluster: &ClusterView) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("cluster.x-k8s.io/v1beta2".to_owned()),
+        kind: Some("Cluster".to_owned()),
+        name: Some(cluster.name.clone()),
+        namespace: Some(cluster.namespace.clone()),
+        uid: Some(cluster.uid.clone()),
+        ..ObjectReference::default()
+    }
 }
 
 #[cfg(test)]
@@ -321,5 +361,10 @@ mod tests {
             sink.record(issued(i, "a"));
         }
         assert_eq!(sink.outcomes.count("dropped"), 3, "three dropped before");
+    }
+
+    #[test]
+    fn event_notes_fit_the_api_limit() {
+        assert!(note(&"x".repeat(5000)).len() <= 1024);
     }
 }

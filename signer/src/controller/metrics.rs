@@ -371,7 +371,7 @@ impl Metrics {
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
-        for binding in super::workload::LEGACY_AUTOAPPROVE_BINDINGS {
+        for binding in super::kubeadm::LEGACY_AUTOAPPROVE_BINDINGS {
             self.legacy_autoapprove.remove(&BindingLabels {
                 cluster: cluster.to_owned(),
                 binding: binding.name.to_owned(),

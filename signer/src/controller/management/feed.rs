@@ -14,10 +14,10 @@
 //! 2. When the API server no longer has that version (410 Gone: the watch was down longer than
 //!    its history), the changes in between are lost: the feed takes a new starting version and
 //!    every served Cluster is gained again, empty, and listed
-//!    ([`super::Management::regain`]); until then it decides nothing, as any Cluster
+//!    ([`FeedTarget::regain`]); until then it decides nothing, as any Cluster
 //!    being listed.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use futures::TryStreamExt;
 use kube::Api;
@@ -28,7 +28,8 @@ use attestation::names::LABEL_CLUSTER_NAME;
 
 use super::lean::LeanObject;
 use super::store::{Change, Kind, Object, ShardStore};
-use super::{Backoff, Management, read, write};
+use crate::controller::backoff::Backoff;
+use crate::locks::{read, write};
 
 /// How long one watch request lasts before it is renewed from the last version seen.
 const WATCH_SECONDS: u32 = 290;
@@ -41,9 +42,20 @@ enum Ended {
     Expired,
 }
 
-/// Feeds `management`'s shard store from a watch of `api` until the process ends; marks `kind`
+/// Whom a feed serves: the store its changes go to, and who hears when it starts and when it
+/// loses its place. The feed knows nothing else of the cache it fills.
+pub trait FeedTarget: Send + Sync + 'static {
+    /// The served Clusters' objects, which the watched changes update.
+    fn store(&self) -> &RwLock<ShardStore>;
+    /// `kind`'s feed watches from its starting version.
+    fn feed_started(&self, kind: Kind);
+    /// `kind`'s feed lost its place (410 Gone): every served Cluster must be listed again.
+    fn regain(self: Arc<Self>);
+}
+
+/// Feeds `target`'s shard store from a watch of `api` until the process ends; marks `kind`
 /// started once its first watch has its starting version.
-pub fn spawn(api: Api<DynamicObject>, kind: Kind, management: Arc<Management>) {
+pub fn spawn<T: FeedTarget>(api: Api<DynamicObject>, kind: Kind, target: Arc<T>) {
     tokio::spawn(async move {
         let mut backoff = Backoff::default();
         let mut first = true;
@@ -57,17 +69,17 @@ pub fn spawn(api: Api<DynamicObject>, kind: Kind, management: Arc<Management>) {
                 }
             };
             if first {
-                management.feed_started(kind);
+                target.feed_started(kind);
                 first = false;
             } else {
                 tracing::warn!(
                     "the watch of {}s lost its place (410 Gone): listing every served Cluster again",
                     kind.as_str()
                 );
-                management.regain();
+                Arc::clone(&target).regain();
             }
             loop {
-                match watch_once(&api, kind, &management.shard, &mut version).await {
+                match watch_once(&api, kind, target.store(), &mut version).await {
                     Ok(Ended::Renew) => backoff.reset(),
                     Ok(Ended::Expired) => break,
                     Err(e) => {
@@ -98,7 +110,7 @@ async fn current_version(api: &Api<DynamicObject>) -> Result<String, String> {
 async fn watch_once(
     api: &Api<DynamicObject>,
     kind: Kind,
-    shard: &std::sync::RwLock<ShardStore>,
+    shard: &RwLock<ShardStore>,
     version: &mut String,
 ) -> Result<Ended, kube::Error> {
     let params = WatchParams::default().timeout(WATCH_SECONDS);
@@ -183,7 +195,7 @@ fn view_of(kind: Kind, object: &LeanObject) -> Option<Object> {
 /// Applies a watched object: its view is read only when its Cluster is served (the rest of the
 /// fleet costs a glance at its metadata and `spec.clusterName`), and outside the lock unless
 /// the Cluster was gained in between.
-fn apply_watched(shard: &std::sync::RwLock<ShardStore>, kind: Kind, object: &LeanObject) {
+fn apply_watched(shard: &RwLock<ShardStore>, kind: Kind, object: &LeanObject) {
     let mut change = change_of(kind, object);
     let wanted = read(shard).wants(&change);
     if wanted {

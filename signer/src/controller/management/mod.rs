@@ -8,6 +8,14 @@
 //! dropped as it arrives, so a replica's memory follows its shard. A Cluster gained is listed
 //! from its namespace (a paged, consistent LIST per kind, one per namespace for
 //! all the Clusters gained there in one pass) before the worker decides anything for it.
+//!
+//! - [`feed`]: the watches; [`store`]: the served Clusters' views (pure); [`view_page`] and
+//!   [`lean`]: reading LIST pages and objects without their managed fields.
+//!
+//! This room owns every request to the management cluster but the Leases (the fleet's
+//! membership) and Events. It answers what the cache holds and writes claims; it never decides a
+//! CSR, never talks to a workload cluster, and does not choose which Clusters are served: the
+//! fleet tells it ([`Management::serve`]).
 
 pub mod feed;
 pub mod lean;
@@ -32,9 +40,12 @@ use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
+use self::feed::FeedTarget;
 use self::lean::LeanObject;
 use self::store::{Kind, Listed, Part, Served, ShardStore, Ticket};
 use self::view_page::{ReadView, ViewPage};
+use crate::controller::backoff::Backoff;
+use crate::locks::{read, write};
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -75,14 +86,6 @@ impl<V: Clone> ViewCache<V> {
     pub async fn changed(&self) {
         self.changed.notified().await;
     }
-}
-
-pub(super) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(super) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(super) fn key_of(object: &DynamicObject) -> String {
@@ -155,31 +158,6 @@ where
         }
     });
     cache
-}
-
-/// Exponential backoff, 250 ms doubling to 30 s.
-#[derive(Debug, Default)]
-pub struct Backoff {
-    failures: u32,
-}
-
-impl Backoff {
-    /// The delay after the `failures`-th consecutive failure.
-    pub fn delay(failures: u32) -> std::time::Duration {
-        let ms = 250u64.saturating_mul(1u64 << failures.min(7));
-        std::time::Duration::from_millis(ms.min(30_000))
-    }
-
-    /// Sleeps for the next delay.
-    pub async fn wait(&mut self) {
-        tokio::time::sleep(Self::delay(self.failures)).await;
-        self.failures = self.failures.saturating_add(1);
-    }
-
-    /// Back to the shortest delay.
-    pub fn reset(&mut self) {
-        self.failures = 0;
-    }
 }
 
 /// Which served version of a group the signer reads.
@@ -322,18 +300,6 @@ impl Management {
     /// True once the Cluster cache and every kind's watch have listed.
     pub fn synced(&self) -> bool {
         self.clusters.synced() && self.watched.iter().all(|w| w.load(Ordering::Relaxed))
-    }
-
-    /// `kind`'s feed watches from its starting version (or `kind` is not installed).
-    pub(super) fn feed_started(&self, kind: Kind) {
-        self.watched[kind_index(kind)].store(true, Ordering::Relaxed);
-    }
-
-    /// After a feed lost its place: every served Cluster is emptied and listed again.
-    pub(super) fn regain(self: &Arc<Self>) {
-        let served = write(&self.shard).regain();
-        self.listed_changed.notify_one();
-        self.spawn_fills(served);
     }
 
     /// Serves exactly `mine`: drops the objects of Clusters no longer among them, and lists
@@ -553,6 +519,24 @@ impl Management {
     ) -> Result<Option<std::collections::BTreeMap<String, k8s_openapi::ByteString>>, kube::Error> {
         let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.client.clone(), namespace);
         Ok(api.get_opt(name).await?.map(|s| s.data.unwrap_or_default()))
+    }
+}
+
+impl feed::FeedTarget for Management {
+    fn store(&self) -> &RwLock<ShardStore> {
+        &self.shard
+    }
+
+    /// `kind`'s feed watches from its starting version (or `kind` is not installed).
+    fn feed_started(&self, kind: Kind) {
+        self.watched[kind_index(kind)].store(true, Ordering::Relaxed);
+    }
+
+    /// After a feed lost its place: every served Cluster is emptied and listed again.
+    fn regain(self: Arc<Self>) {
+        let served = write(&self.shard).regain();
+        self.listed_changed.notify_one();
+        self.spawn_fills(served);
     }
 }
 

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
-use crate::controller::management::Backoff;
+use crate::controller::backoff::Backoff;
 
 /// Nodes by name and by provider ID, kept by [`NodeIndex::watch`].
 #[derive(Debug, Default)]

@@ -1,0 +1,288 @@
+//! A served Cluster's Secrets: `<cluster>-kubeconfig` and `<cluster>-ca`, read when they may have
+//! changed (see the fleet's documentation), compared by digest before anything is parsed, and
+//! turned into a workload client and CA ([`Credentials`]) for a worker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use attestation::ca::ClusterCa;
+use attestation::machine::ClusterView;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use zeroize::Zeroizing;
+
+use crate::controller::workload::Shared;
+
+/// What a Cluster's Secrets gave.
+pub(super) struct Credentials {
+    pub(super) client: Client,
+    /// The CA, or why it is unusable. A missing CA is a transient gap (SPEC section 3): the
+    /// worker runs, leaves approvable CSRs pending, and denies them `Expired` after
+    /// `--csr-max-age`.
+    pub(super) ca: Result<Arc<ClusterCa>, String>,
+    /// SHA-256 over the kubeconfig and the CA pair: a change restarts the worker.
+    pub(super) digest: [u8; 32],
+}
+
+/// Secrets read at once during one pass.
+const SECRET_READS_AT_ONCE: usize = 16;
+
+/// What was last read of an opted-in Cluster's Secrets.
+pub(super) struct Known {
+    /// The Cluster as it was then: a change reads again at once.
+    pub(super) view: ClusterView,
+    /// When to read again.
+    pub(super) due: Instant,
+    /// SHA-256 of its CA certificate, for the shared-CA refusal.
+    pub(super) ca_fingerprint: Option<[u8; 32]>,
+    /// Read as this replica's own: the digest of the Secrets its worker runs on, or why they are
+    /// unusable. `None` when read only for the CA comparison.
+    pub(super) own: Option<Result<[u8; 32], String>>,
+}
+
+/// One read of a served Cluster's Secrets.
+enum OwnRead {
+    /// The same bytes as the running worker's.
+    Unchanged { digest: [u8; 32] },
+    /// New or changed: a worker to start on them.
+    Fresh {
+        credentials: Credentials,
+        ca_fingerprint: Option<[u8; 32]>,
+    },
+    /// Unusable (`SecretsInvalid`).
+    Invalid {
+        why: String,
+        ca_fingerprint: Option<[u8; 32]>,
+    },
+}
+
+/// When a Cluster read now is read again: `period` after now, less up to a quarter chosen by its
+/// UID, so that Clusters read together at start drift apart.
+fn next_read(now: Instant, period: Duration, uid: &str) -> Instant {
+    let spread = super::shard::weight("secret-resync", uid) as f64 / u64::MAX as f64;
+    now + period.mul_f64(0.75 + 0.25 * spread)
+}
+
+/// What was last read of each opted-in Cluster's Secrets, and the reads.
+pub(super) struct SecretReads {
+    shared: Arc<Shared>,
+    /// By Cluster key.
+    pub(super) known: HashMap<String, Known>,
+}
+
+impl SecretReads {
+    /// Nothing read yet.
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            known: HashMap::new(),
+        }
+    }
+
+    /// Reads the Secrets that are due (see the module's documentation) and records what they
+    /// gave; returns the served Clusters to start a worker for (new, or Secrets changed).
+    pub(super) async fn read_due(
+        &mut self,
+        mine: &[ClusterView],
+        theirs: &[ClusterView],
+        now: Instant,
+        running: impl Fn(&str) -> Option<[u8; 32]> + Sync,
+    ) -> BTreeMap<String, (ClusterView, Credentials)> {
+        use futures::StreamExt;
+        let due = |cluster: &ClusterView, own: bool| {
+            let k = cluster.key();
+            match self.known.get(&k) {
+                None => true,
+                Some(known) => {
+                    known.view != *cluster
+                        || known.own.is_some() != own
+                        || now >= known.due
+                        || (own && running(&k).is_none())
+                }
+            }
+        };
+        let own_due: Vec<ClusterView> = mine.iter().filter(|c| due(c, true)).cloned().collect();
+        // CAs of Clusters another replica serves matter only while this one serves some.
+        let others_due: Vec<ClusterView> = if mine.is_empty() {
+            Vec::new()
+        } else {
+            theirs.iter().filter(|c| due(c, false)).cloned().collect()
+        };
+        let (this, running) = (&*self, &running);
+        let own_reads: Vec<(ClusterView, OwnRead)> = futures::stream::iter(own_due)
+            .map(|cluster| async move {
+                let running = running(&cluster.key());
+                let read = this.read_own(&cluster, running).await;
+                (cluster, read)
+            })
+            .buffer_unordered(SECRET_READS_AT_ONCE)
+            .collect()
+            .await;
+        let other_reads: Vec<(ClusterView, Option<[u8; 32]>)> = futures::stream::iter(others_due)
+            .map(|cluster| async move {
+                let fingerprint = this.read_ca_fingerprint(&cluster).await;
+                (cluster, fingerprint)
+            })
+            .buffer_unordered(SECRET_READS_AT_ONCE)
+            .collect()
+            .await;
+
+        let settings = &self.shared.settings;
+        let mut fresh = BTreeMap::new();
+        for (cluster, read) in own_reads {
+            let k = cluster.key();
+            let previous = self.known.get(&k).and_then(|known| known.ca_fingerprint);
+            let (ca_fingerprint, own, due) = match read {
+                OwnRead::Unchanged { digest } => (
+                    previous,
+                    Ok(digest),
+                    next_read(now, settings.secret_resync, &cluster.uid),
+                ),
+                OwnRead::Fresh {
+                    credentials,
+                    ca_fingerprint,
+                } => {
+                    let digest = credentials.digest;
+                    fresh.insert(k.clone(), (cluster.clone(), credentials));
+                    (
+                        ca_fingerprint,
+                        Ok(digest),
+                        next_read(now, settings.secret_resync, &cluster.uid),
+                    )
+                }
+                OwnRead::Invalid { why, ca_fingerprint } => (ca_fingerprint, Err(why), now + settings.resync),
+            };
+            self.known.insert(
+                k,
+                Known {
+                    view: cluster,
+                    due,
+                    ca_fingerprint,
+                    own: Some(own),
+                },
+            );
+        }
+        for (cluster, ca_fingerprint) in other_reads {
+            let due = next_read(now, settings.secret_resync, &cluster.uid);
+            self.known.insert(
+                cluster.key(),
+                Known {
+                    view: cluster,
+                    due,
+                    ca_fingerprint,
+                    own: None,
+                },
+            );
+        }
+        fresh
+    }
+
+    /// A Secret's data, or why it cannot be had.
+    async fn secret(
+        &self,
+        cluster: &ClusterView,
+        name: &str,
+    ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, String> {
+        self.shared
+            .management
+            .secret(&cluster.namespace, name)
+            .await
+            .map_err(|e| format!("cannot read Secret {name}: {e}"))?
+            .ok_or_else(|| format!("Secret {name} is missing"))
+    }
+
+    /// The fingerprint of the CA certificate in `<cluster>-ca`, `None` when there is none.
+    async fn read_ca_fingerprint(&self, cluster: &ClusterView) -> Option<[u8; 32]> {
+        let data = self.secret(cluster, &format!("{}-ca", cluster.name)).await.ok()?;
+        ClusterCa::certificate_fingerprint(&data.get("tls.crt")?.0).ok()
+    }
+
+    /// Reads a served Cluster's `<cluster>-kubeconfig` and `<cluster>-ca`; parses them and
+    /// builds a client only when they differ from what the running worker (`running`, its
+    /// digest) was started on.
+    async fn read_own(&self, cluster: &ClusterView, running: Option<[u8; 32]>) -> OwnRead {
+        let kubeconfig_name = format!("{}-kubeconfig", cluster.name);
+        let ca_name = format!("{}-ca", cluster.name);
+        let (kubeconfig, ca_data) =
+            tokio::join!(self.secret(cluster, &kubeconfig_name), self.secret(cluster, &ca_name));
+        let field = |data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>, name: &str| {
+            Zeroizing::new(data.get(name).map(|b| b.0.clone()).unwrap_or_default())
+        };
+        let ca_data = ca_data.unwrap_or_default();
+        let (ca_cert, ca_key) = (field(&ca_data, "tls.crt"), field(&ca_data, "tls.key"));
+        let ca_fingerprint = ClusterCa::certificate_fingerprint(&ca_cert).ok();
+        let kubeconfig = match kubeconfig {
+            Ok(data) => match data.get("value") {
+                Some(value) => Zeroizing::new(value.0.clone()),
+                None => {
+                    return OwnRead::Invalid {
+                        why: format!("Secret {kubeconfig_name} (key value) is missing"),
+                        ca_fingerprint,
+                    };
+                }
+            },
+            Err(why) => return OwnRead::Invalid { why, ca_fingerprint },
+        };
+        let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        for part in [kubeconfig.as_slice(), &ca_cert, &ca_key] {
+            hasher.update(&(part.len() as u64).to_be_bytes());
+            hasher.update(part);
+        }
+        let mut digest = [0u8; 32];
+        digest.copy_from_slice(hasher.finish().as_ref());
+        if running == Some(digest) {
+            return OwnRead::Unchanged { digest };
+        }
+        let ca = match (ca_cert.is_empty(), ca_key.is_empty()) {
+            (true, _) | (_, true) => Err(format!(
+                "Secret {ca_name} (keys tls.crt, tls.key) is missing or incomplete"
+            )),
+            _ => ClusterCa::from_pem(&ca_cert, &ca_key)
+                .map(Arc::new)
+                .map_err(|e| format!("Secret {ca_name}: {e}")),
+        };
+        match self.client(&kubeconfig_name, &kubeconfig).await {
+            Ok(client) => OwnRead::Fresh {
+                credentials: Credentials { client, ca, digest },
+                ca_fingerprint,
+            },
+            Err(why) => OwnRead::Invalid { why, ca_fingerprint },
+        }
+    }
+
+    /// A client for the workload cluster from its kubeconfig.
+    async fn client(&self, secret_name: &str, kubeconfig: &[u8]) -> Result<Client, String> {
+        let text = std::str::from_utf8(kubeconfig).map_err(|_| format!("Secret {secret_name}: not UTF-8"))?;
+        let parsed = Kubeconfig::from_yaml(text).map_err(|e| format!("Secret {secret_name}: {e}"))?;
+        let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("Secret {secret_name}: {e}"))?;
+        config.connect_timeout = Some(self.shared.settings.request_timeout);
+        crate::controller::client::build(config).map_err(|e| format!("Secret {secret_name}: {e}"))
+    }
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_reads_spread_over_the_last_quarter_of_the_period() {
+        let now = Instant::now();
+        let period = Duration::from_secs(300);
+        let delays: Vec<Duration> = (0..1000)
+            .map(|i| next_read(now, period, &format!("uid-{i}")) - now)
+            .collect();
+        assert!(delays.iter().all(|d| *d >= period.mul_f64(0.75) && *d <= period));
+        let early = delays.iter().filter(|d| **d < period.mul_f64(0.875)).count();
+        assert!(
+            (400..600).contains(&early),
+            "{early} of 1000 in the first half of the spread"
+        );
+        assert_eq!(
+            next_read(now, period, "a"),
+            next_read(now, period, "a"),
+            "the same on every pass"
+        );
+    }
+}

@@ -1,0 +1,353 @@
+//! Applying a decision to the workload cluster and the management cluster.
+//!
+//! The order of writes for a client CSR is the SPEC's: the claim (with the resourceVersion the
+//! decision was made on), `/approval`, a fresh re-read of the claim, then `/status`. A conflict
+//! at the claim means another CSR got there first: the CSR is decided again on fresh state,
+//! which denies it. A claim lost between approval and signing marks the CSR `Failed`. So of two
+//! racing CSRs for one Machine, at most one is ever signed, whatever the interleaving and
+//! however many replicas or restarts.
+
+use attestation::CsrObject;
+use attestation::ca::Validity;
+use attestation::claim::ClaimState;
+use attestation::decision::{Decision, DenyReason, Issuance};
+use attestation::machine::TargetRef;
+use attestation::names::{GROUP_NODES, NODE_USER_PREFIX};
+use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use time::OffsetDateTime;
+
+use super::worker::Worker;
+use crate::controller::management::ApplyError;
+use crate::csr_object::{Stage, stage};
+
+impl Worker {
+    /// Refuses `csr`: `Denied` through `/approval` (with the decision's CSR annotations), or,
+    /// when it is already approved, `Failed` through `/status` (the API refuses `Denied` on an
+    /// approved CSR). Either way it is never signed.
+    pub(super) async fn refuse(
+        &self,
+        csr: &CertificateSigningRequest,
+        decision: &Decision,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let mut current = csr.clone();
+        let approved = stage(csr) == Stage::Approved;
+        if !approved && !decision.annotations.is_empty() {
+            let patch = serde_json::json!({"metadata": {"annotations": decision.annotations}});
+            current = self
+                .csr_api()
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(ApplyError::from_kube)?;
+        }
+        let (condition_type, event_reason, what) = if approved {
+            ("Failed", "CSRFailed", "was approved but is not signed")
+        } else {
+            ("Denied", "CSRDenied", "denied")
+        };
+        push_condition(&mut current, condition(condition_type, reason, message));
+        let written = if approved {
+            self.csr_api()
+                .replace_status(&name, &PostParams::default(), &current)
+                .await
+        } else {
+            self.csr_api()
+                .replace_subresource("approval", &name, &PostParams::default(), &current)
+                .await
+        };
+        written.map_err(ApplyError::from_kube)?;
+        tracing::info!(reason, message, "{what}");
+        self.mark_finished(csr);
+        self.count(csr, condition_type, reason);
+        let text = format!("CSR {name} {what} ({reason}): {message}");
+        self.event(decision, EventType::Warning, event_reason, &text);
+        Ok(())
+    }
+
+    pub(super) async fn approve(
+        &self,
+        csr: &CertificateSigningRequest,
+        object: &CsrObject,
+        decision: &Decision,
+        reason: &str,
+        message: &str,
+        approved_already: bool,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let mut written = None;
+        if let Some(claim) = &decision.claim {
+            written = Some(self.shared.management.write_claim(claim).await?);
+            // Said at info by the one line of a signed join ("approved and signed", in this
+            // span, naming the Machine); a claim whose CSR is not signed logs why it was not.
+            tracing::debug!(node = %claim.record.node_name, "claimed {}", claim.target.name);
+        }
+        let mut current = csr.clone();
+        if !approved_already {
+            push_condition(&mut current, condition("Approved", reason, message));
+            // The CSR as written is ours with a new resourceVersion (the apiserver keeps the
+            // Approved condition as sent; its managed fields stay when an update sends none),
+            // so only that version is read from the answer.
+            let version = self.put_csr("approval", &name, &current).await?.ok_or_else(|| {
+                ApplyError::Transient("the apiserver's answer to the approval carries no resourceVersion".into())
+            })?;
+            current.metadata.resource_version = Some(version);
+            self.count(csr, "Approved", reason);
+        }
+        let Some(issuance) = &decision.issuance else {
+            // Serving: the workload cluster's kube-controller-manager signs.
+            tracing::info!(reason, "approved");
+            self.event(
+                decision,
+                EventType::Normal,
+                "CSRApproved",
+                &format!("CSR {name} approved: {message}"),
+            );
+            return Ok(());
+        };
+        let Some(target) = &decision.target else {
+            return Err(ApplyError::Transient("an approved client CSR without a Machine".into()));
+        };
+        let claimed_now = written.is_some();
+        if let Err(why) = self.recheck_claim(target, object, issuance, written).await? {
+            return self.refuse(&current, decision, "MachineAlreadyClaimed", &why).await;
+        }
+        let validity = Validity {
+            now: OffsetDateTime::now_utc(),
+            requested_seconds: object.expiration_seconds,
+            max: self.shared.settings.client_cert_duration,
+        };
+        let ca = self.ca.as_ref().map_err(|why| ApplyError::Transient(why.clone()))?;
+        let certificate = match ca.issue(&issuance.csr, &issuance.provider_id, validity) {
+            Ok(c) => c,
+            Err(e) => return Err(ApplyError::Transient(format!("cannot sign with the cluster CA: {e}"))),
+        };
+        current.status.get_or_insert_default().certificate =
+            Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
+        self.put_csr("status", &name, &current).await?;
+        if let Some(created) = object.created {
+            self.shared
+                .metrics
+                .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
+        }
+        // A bootstrap-token requester joins; the node itself renews (rule 7).
+        let kind = if object.username.starts_with(attestation::names::BOOTSTRAP_USER_PREFIX) {
+            "join"
+        } else {
+            "renewal"
+        };
+        self.shared.metrics.issued(&self.key, kind);
+        tracing::info!(
+            reason,
+            claimed_now,
+            not_after = %certificate.not_after,
+            "approved and signed"
+        );
+        self.mark_finished(csr);
+        if let Some(earlier) = &decision.supersedes {
+            self.supersede(earlier, &name, decision).await;
+        }
+        self.event(
+            decision,
+            EventType::Normal,
+            "CertificateIssued",
+            &format!(
+                "CSR {name} approved and signed until {}: {message}",
+                certificate.not_after
+            ),
+        );
+        Ok(())
+    }
+
+    /// Replaces `csr`'s `subresource` (`approval`, `status`) and returns its new
+    /// resourceVersion (`None` when the answer carries none: the write was made all the same).
+    /// The answer (the whole CSR again) is not parsed beyond that version: nothing else of it
+    /// is read, and parsing it whole was two of the five CSR decodes of every join.
+    pub(super) async fn put_csr(
+        &self,
+        subresource: &str,
+        name: &str,
+        csr: &CertificateSigningRequest,
+    ) -> Result<Option<String>, ApplyError> {
+        let body = serde_json::to_vec(csr).map_err(|e| ApplyError::Transient(format!("cannot encode the CSR: {e}")))?;
+        let mut request = kube::core::Request::new(self.csr_api().resource_url())
+            .replace_subresource(subresource, name, &PostParams::default(), body)
+            .map_err(|e| ApplyError::Transient(format!("cannot build the {subresource} update: {e}")))?;
+        request.extensions_mut().insert("replace_subresource");
+        let answer = self.client.request_text(request).await.map_err(ApplyError::from_kube)?;
+        Ok(written_version(&answer))
+    }
+
+    /// Writes a verifier's challenge on the CSR (with the resourceVersion it was decided on, so
+    /// two replicas or workers never write two) and looks again when it may have expired.
+    pub(super) async fn challenge(
+        &self,
+        csr: &CertificateSigningRequest,
+        decision: &Decision,
+        message: &str,
+    ) -> Result<(), ApplyError> {
+        let name = csr.name_any();
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": csr.resource_version(),
+            "annotations": decision.annotations,
+        }});
+        self.csr_api()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(ApplyError::from_kube)?;
+        tracing::info!(message, "challenged");
+        self.count(csr, "Challenged", "Pending");
+        self.event(
+            decision,
+            EventType::Normal,
+            "CSRChallenged",
+            &format!("CSR {name} challenged: {message}"),
+        );
+        self.retry(csr, message);
+        Ok(())
+    }
+
+    /// Denies the CSR an approved one replaced (TPM CSR #1 once CSR #2 is signed), unless it
+    /// is already finished; it is never signed.
+    pub(super) async fn supersede(&self, earlier: &attestation::CsrRef, by: &str, decision: &Decision) {
+        let Some(first) = self.csrs.get(&ObjectRef::new(&earlier.name)) else {
+            return;
+        };
+        if first.uid().as_deref() != Some(earlier.uid.as_str()) || stage(&first) != Stage::Pending {
+            return;
+        }
+        let quiet = Decision {
+            annotations: Default::default(),
+            ..decision.clone()
+        };
+        let message = format!("its challenge was answered by CSR {by}, which was signed instead");
+        if let Err(e) = self
+            .refuse(&first, &quiet, DenyReason::Superseded.as_str(), &message)
+            .await
+        {
+            // It stays pending and ends ChallengeFailed when its challenge expires: never signed.
+            tracing::warn!(csr = %earlier.name, error = %e, "could not mark the superseded CSR");
+        }
+    }
+
+    /// The claim, read fresh, must still be this identity's: held by this CSR, or (a renewal by
+    /// the node itself) naming this node. `Ok(Err(why))` when it is not. `written`: the claim
+    /// this pass wrote, as the PATCH returned it (the API server's state after the write, as
+    /// fresh as a GET would be); otherwise it is read.
+    pub(super) async fn recheck_claim(
+        &self,
+        target: &TargetRef,
+        csr: &CsrObject,
+        issuance: &Issuance,
+        written: Option<ClaimState>,
+    ) -> Result<Result<(), String>, ApplyError> {
+        let state = match written {
+            Some(state) => state,
+            None => {
+                self.shared
+                    .management
+                    .fresh_claim(target, issuance.provider_id.as_str())
+                    .await?
+            }
+        };
+        let node = issuance
+            .csr
+            .common_names()
+            .find_map(|a| a.value.as_deref())
+            .and_then(|cn| cn.strip_prefix(NODE_USER_PREFIX))
+            .unwrap_or_default();
+        let renewal =
+            csr.username == format!("{NODE_USER_PREFIX}{node}") && csr.groups.iter().any(|g| g == GROUP_NODES);
+        Ok(match state {
+            ClaimState::Valid(claim) if claim.node_name == node && (claim.csr_uid == csr.uid || renewal) => Ok(()),
+            ClaimState::Valid(claim) => Err(format!(
+                "re-check before signing: {} is now claimed by node {} (CSR {})",
+                target.name, claim.node_name, claim.csr_uid
+            )),
+            other => Err(format!(
+                "re-check before signing: {} holds no claim for this CSR ({other:?})",
+                target.name
+            )),
+        })
+    }
+}
+
+fn condition(type_: &str, reason: &str, message: &str) -> CertificateSigningRequestCondition {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    CertificateSigningRequestCondition {
+        type_: type_.to_owned(),
+        status: "True".to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
+}
+
+/// `metadata.resourceVersion` of a written object's JSON; the rest is skipped by the parser.
+fn written_version(answer: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Written {
+        metadata: WrittenMeta,
+    }
+    #[derive(serde::Deserialize)]
+    struct WrittenMeta {
+        #[serde(rename = "resourceVersion")]
+        resource_version: Option<String>,
+    }
+    serde_json::from_str::<Written>(answer)
+        .ok()?
+        .metadata
+        .resource_version
+        .filter(|v| !v.is_empty())
+}
+
+fn push_condition(csr: &mut CertificateSigningRequest, condition: CertificateSigningRequestCondition) {
+    csr.status
+        .get_or_insert_default()
+        .conditions
+        .get_or_insert_default()
+        .push(condition);
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A CSR of `signer` with `conditions`, and a certificate when `certificate`.
+    pub(crate) fn csr(signer: &str, conditions: &[&str], certificate: bool) -> CertificateSigningRequest {
+        let mut csr = CertificateSigningRequest::default();
+        csr.spec.signer_name = signer.to_owned();
+        for c in conditions {
+            push_condition(&mut csr, condition(c, "R", "m"));
+        }
+        if certificate {
+            csr.status.get_or_insert_default().certificate = Some(k8s_openapi::ByteString(b"x".to_vec()));
+        }
+        csr
+    }
+
+    #[test]
+    fn a_written_csrs_version_is_read_and_nothing_else_must_parse() {
+        let answer = r#"{"kind": "CertificateSigningRequest", "metadata": {"name": "c",
+            "resourceVersion": "812", "managedFields": [{"manager": "x"}]},
+            "spec": {"request": "not even base64"}, "status": {"certificate": 5}}"#;
+        assert_eq!(written_version(answer).as_deref(), Some("812"));
+        for answer in [
+            "",
+            "{}",
+            r#"{"metadata": {}}"#,
+            r#"{"metadata": {"resourceVersion": ""}}"#,
+            r#"{"metadata": {"resourceVersion": 812}}"#,
+            "[1]",
+        ] {
+            assert_eq!(written_version(answer), None, "{answer}");
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! What happens to one CSR: its inputs gathered (the Cluster and its Machines from the
+//! management cache, Nodes and the other CSRs from the workload cluster's watches), the rule
+//! engine's decision taken (twice when a cloud verifier needs a call made first), and the
+//! decision handed to [`super::apply`]; how the apiservers answered goes back to the fleet's
+//! slots.
+
+use std::time::Duration;
+
+use attestation::decision::{DenyReason, Outcome};
+use attestation::machine::ClusterView;
+use attestation::{Clock, CsrObject, Inputs};
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use time::OffsetDateTime;
+
+use super::inflight::Answer;
+use super::worker::{FINISHED_MEMORY, Worker, needs_us};
+use crate::controller::management::ApplyError;
+use crate::csr_object::{Stage, csr_object, stage};
+use crate::locks::lock;
+
+/// How soon a CSR of a Cluster whose Machines are still being listed is looked at again.
+const UNLISTED_RETRY: Duration = Duration::from_millis(250);
+
+/// Least time between two `TpmChallengeKeyUnavailable` Events on one Cluster.
+const KEY_WARNING_INTERVAL: Duration = Duration::from_secs(300);
+
+/// The workload cluster's CSRs, from the watch cache.
+struct StoreCsrs<'a>(&'a Store<CertificateSigningRequest>);
+
+impl attestation::CsrDirectory for StoreCsrs<'_> {
+    fn csr(&self, name: &str) -> Option<CsrObject> {
+        self.0.get(&ObjectRef::new(name)).map(|c| csr_object(&c))
+    }
+
+    fn pending_with(&self, annotation: &str) -> Vec<CsrObject> {
+        self.0
+            .state()
+            .iter()
+            .filter(|c| c.annotations().contains_key(annotation) && stage(c) != Stage::Done)
+            .map(|c| csr_object(c))
+            .collect()
+    }
+}
+
+impl Worker {
+    /// The rule engine's decision, in turn with the other CPU-bound decisions.
+    pub(super) async fn decide(
+        &self,
+        csr: &attestation::CsrObject,
+        cluster: &ClusterView,
+        inventory: &attestation::machine::Inventory,
+        clock: Clock,
+    ) -> Option<attestation::Decision> {
+        let _turn = self.shared.crypto.acquire().await;
+        let inputs = Inputs {
+            csr,
+            cluster,
+            inventory,
+            nodes: &self.nodes,
+            csrs: &StoreCsrs(&self.csrs),
+            verifiers: &self.shared.verifiers,
+            clock,
+        };
+        attestation::decide(&inputs).ok()
+    }
+
+    /// Decides `name` and applies the decision; says how the apiservers answered.
+    pub(super) async fn process(&self, name: &str) -> Answer {
+        let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
+            return Answer::Idle;
+        };
+        if !needs_us(&csr) {
+            return Answer::Idle;
+        }
+        if csr
+            .uid()
+            .and_then(|uid| lock(&self.finished).get(&uid).copied())
+            .is_some_and(|at| at.elapsed() < FINISHED_MEMORY)
+        {
+            tracing::debug!("finished by this worker; the watch cache has not caught up yet");
+            return Answer::Idle;
+        }
+        let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
+            return Answer::Idle;
+        };
+        // A Cluster just gained is decided only once its Machines are listed: an unlisted
+        // Machine would be denied MachineNotFound, which is final.
+        let Some(inventory) = self.shared.management.inventory(&cluster) else {
+            tracing::debug!("the Cluster's Machines are not listed yet");
+            self.queue.push_after(name.to_owned(), UNLISTED_RETRY);
+            return Answer::Idle;
+        };
+        if csr.spec.signer_name == attestation::names::SIGNER_TPM
+            && let Err(failure) = self.shared.challenge_key.ensure().await
+        {
+            // The verifier holds the CSR (pending) until the key is there; the Cluster's owner
+            // hears why, once per KEY_WARNING_INTERVAL.
+            let due = {
+                let mut warned = lock(&self.key_warned);
+                let due = warned.is_none_or(|at| at.elapsed() >= KEY_WARNING_INTERVAL);
+                if due {
+                    *warned = Some(std::time::Instant::now());
+                }
+                due
+            };
+            if due {
+                self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message);
+            }
+        }
+        let now = OffsetDateTime::now_utc();
+        let object = csr_object(&csr);
+        let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);
+        let clock = Clock {
+            now,
+            first_seen,
+            max_age: self.shared.settings.csr_max_age,
+        };
+        let Some(mut decision) = self.decide(&object, &cluster, &inventory, clock).await else {
+            return Answer::Idle;
+        };
+        if !decision.cloud_calls.is_empty() {
+            // A cloud verifier needs Google's keys or STS's answer: ask, then decide once more
+            // (a second miss waits for the retry, like any transient gap).
+            self.shared.cloud.make(&decision.cloud_calls).await;
+            let Some(again) = self.decide(&object, &cluster, &inventory, clock).await else {
+                return Answer::Idle;
+            };
+            decision = again;
+        }
+        if let Some(target) = &decision.target {
+            tracing::Span::current().record("machine", tracing::field::display(&target.name));
+        }
+        let approved_already = stage(&csr) == Stage::Approved;
+        // A decision applied without a request says nothing about the apiservers.
+        let mut asked = true;
+        let result = match &decision.outcome {
+            Outcome::Retry { message } if !decision.annotations.is_empty() => {
+                self.challenge(&csr, &decision, message).await
+            }
+            Outcome::Retry { message } => {
+                self.count(&csr, "Retry", "Pending");
+                self.retry(&csr, message);
+                asked = false;
+                Ok(())
+            }
+            Outcome::Denied { reason, message } => self.refuse(&csr, &decision, reason.as_str(), message).await,
+            Outcome::Approved { .. } if decision.issuance.is_some() && self.ca.is_err() => {
+                // No claim, no approval: nothing is written until the CA can sign.
+                let why = self.ca.as_ref().err().cloned().unwrap_or_default();
+                if now - first_seen > self.shared.settings.csr_max_age {
+                    let message = format!("still pending after --csr-max-age: {why}");
+                    self.refuse(&csr, &decision, DenyReason::Expired.as_str(), &message)
+                        .await
+                } else {
+                    self.count(&csr, "Retry", "Pending");
+                    self.retry(&csr, &why);
+                    asked = false;
+                    Ok(())
+                }
+            }
+            Outcome::Approved { reason, message } => {
+                self.approve(&csr, &object, &decision, reason, message, approved_already)
+                    .await
+            }
+            _ => {
+                asked = false;
+                Ok(())
+            }
+        };
+        match result {
+            Ok(()) if asked => Answer::Answered,
+            Ok(()) => Answer::Idle,
+            Err(ApplyError::Conflict(why)) => {
+                tracing::debug!(%why, "conflict; deciding again on fresh state");
+                self.queue.push_after(name.to_owned(), Duration::from_millis(100));
+                Answer::Answered
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not apply the decision; retrying");
+                self.apply_failed();
+                self.retry(&csr, &e.to_string());
+                if e.is_overload() {
+                    Answer::Overloaded
+                } else {
+                    Answer::Answered
+                }
+            }
+        }
+    }
+}
