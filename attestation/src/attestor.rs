@@ -103,6 +103,9 @@ pub struct Evidence<'a> {
     pub claim: Option<&'a KubeletClaim>,
     /// The signer's clock.
     pub now: OffsetDateTime,
+    /// When the signer first saw the CSR, on its own clock: a fetch made after it surely
+    /// postdates the CSR (its creationTimestamp is the apiserver's clock).
+    pub first_seen: OffsetDateTime,
 }
 
 /// A verifier's judgement.

@@ -296,7 +296,8 @@ fn the_aws_attestor_signs_a_request_the_signer_accepts_from_imdsv2_answers() {
             max_age: time::Duration::minutes(10),
         })
         .unwrap();
-    assert_eq!(call.url, "http://127.0.0.1:9/sts/us-east-1");
+    // The path the node signed, with its `/`: the signer posts there.
+    assert_eq!(call.url, "http://127.0.0.1:9/sts/us-east-1/");
 
     let requests = stand_in.requests();
     let lines: Vec<&str> = requests.iter().filter_map(|r| r.lines().next()).collect();

@@ -227,12 +227,15 @@ async fn an_ec2_node_joins_through_moto_sts_and_requests_of_other_principals_or_
     let (admin, w) = workload("envtest_cloud_aws", "aws").await;
     let dir = tempfile::tempdir().unwrap();
     // The role, and the instance-profile sessions EC2 would hand each instance.
-    let mut moto = Moto::start(4, &w.env.dir().join("moto.log"));
-    moto.create_role("node-role");
+    let mut moto = Moto::start(6, &w.env.dir().join("moto.log"));
+    moto.create_role(capi::AWS_NODE_ROLE);
     let (id0, id1, other) = ("i-0123456789abcdef0", "i-0aaaabbbbccccdddd", "i-0fedcba9876543210");
-    let session0 = moto.assume_role("node-role", id0);
-    let session1 = moto.assume_role("node-role", id1);
-    let session_other = moto.assume_role("node-role", other);
+    let session0 = moto.assume_role(capi::AWS_NODE_ROLE, id0);
+    let session1 = moto.assume_role(capi::AWS_NODE_ROLE, id1);
+    let session_other = moto.assume_role(capi::AWS_NODE_ROLE, other);
+    // A role the Cluster does not name, assumed with worker-1's instance ID as session name.
+    moto.create_role("unrelated-role");
+    let forged_session = moto.assume_role("unrelated-role", id1);
     let pid = |id: &str| format!("aws:///us-east-1a/{id}");
     for (name, id) in [("worker-0", id0), ("worker-1", id1)] {
         apply(
@@ -261,7 +264,7 @@ async fn an_ec2_node_joins_through_moto_sts_and_requests_of_other_principals_or_
     fn creds(s: &tests::moto::Session) -> (&str, &str, &str) {
         (&s.access_key_id, &s.secret_access_key, &s.session_token)
     }
-    let imds0 = ImdsV2StandIn::start(signed(id0), "node-role", creds(&session0));
+    let imds0 = ImdsV2StandIn::start(signed(id0), capi::AWS_NODE_ROLE, creds(&session0));
     let env0 = [
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds0.endpoint()),
         ("AWS_ENDPOINT_URL_STS", moto.endpoint()),
@@ -279,7 +282,7 @@ async fn an_ec2_node_joins_through_moto_sts_and_requests_of_other_principals_or_
     assert_ne!(certificate_of(&renewed), aging, "a new certificate");
 
     // worker-1's document with another instance's session: STS names the other principal.
-    let imds1 = ImdsV2StandIn::start(signed(id1), "node-role", creds(&session_other));
+    let imds1 = ImdsV2StandIn::start(signed(id1), capi::AWS_NODE_ROLE, creds(&session_other));
     let env1 = [
         ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds1.endpoint()),
         ("AWS_ENDPOINT_URL_STS", moto.endpoint()),
@@ -298,6 +301,26 @@ async fn an_ec2_node_joins_through_moto_sts_and_requests_of_other_principals_or_
         "a request signed by another principal",
     );
     assert!(String::from_utf8_lossy(&other_principal.stderr).contains(other));
+
+    // The review's forgery: any principal allowed to assume some role picks the session name.
+    // A session of an unrelated role named after worker-1's instance, worker-1's document, a
+    // request bound to the forger's key: STS vouches for the session, the role is not the
+    // Cluster's (kubelet-aws-roles), and nothing is claimed.
+    imds1.set_credentials(creds(&forged_session));
+    let unrelated = plugin(
+        &bootstrap,
+        &dir.path().join("pki-1r"),
+        "worker-1",
+        &pid(id1),
+        "aws",
+        &env1,
+    );
+    denied_with(
+        &unrelated,
+        "AttestationInvalid",
+        "a session of a role the Cluster does not name",
+    );
+    assert!(String::from_utf8_lossy(&unrelated.stderr).contains("unrelated-role"));
 
     // Signed with a wrong secret: moto refuses the signature.
     let (a, _, c) = creds(&session1);

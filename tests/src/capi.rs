@@ -7,16 +7,25 @@ pub const NAMESPACE: &str = "team-a";
 /// Cluster of every fixture.
 pub const CLUSTER: &str = "prod";
 
-/// An opted-in Cluster allowing `attestors` (comma list).
+/// An opted-in Cluster allowing `attestors` (comma list); allowing `aws`, it names the test
+/// instances' role ([`AWS_NODE_ROLE`]).
 pub fn cluster(attestors: &str) -> Value {
-    json!({
+    let mut cluster = json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
         "metadata": {"name": CLUSTER, "namespace": NAMESPACE, "uid": "c1a55e00-0000-4000-8000-00000000c1a5",
             "annotations": {"cluster.x-k8s.io/kubelet-authentication": "true", "cluster.x-k8s.io/kubelet-authorized-attestors": attestors}},
         "spec": {"controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": "prod-cp"},
                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": "prod"}}
-    })
+    });
+    if attestors.split(',').any(|a| a.trim() == "aws") {
+        // aws/v1 needs the nodes' roles (SPEC section 5): the suites' instances assume this one.
+        cluster["metadata"]["annotations"][attestation::names::ANNOTATION_AWS_ROLES] = json!(AWS_NODE_ROLE);
+    }
+    cluster
 }
+
+/// The IAM role the test EC2 instances' credentials come from.
+pub const AWS_NODE_ROLE: &str = "node-role";
 
 /// A bootstrapped v1beta2 Machine of the Cluster with `provider_id`, its KubeadmConfig
 /// `<name>-kc`, no node yet.

@@ -237,6 +237,10 @@ fn gcp_every_claim_is_checked_and_the_message_names_it() {
         ("age: the token's iat", Box::new(move |c| c["iat"] = json!(t - 900))),
         ("age: the token's iat", Box::new(move |c| c["iat"] = json!(t + 600))),
         (
+            "age: the token is not valid before",
+            Box::new(move |c| c["nbf"] = json!(t + 600)),
+        ),
+        (
             "provider ID",
             Box::new(|c| c["google"]["compute_engine"]["project_id"] = json!("other-project")),
         ),
@@ -344,19 +348,27 @@ fn gcp_a_rotated_key_makes_the_signer_fetch_again_then_an_unknown_one_is_refused
     );
     assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:?}");
     assert_eq!(decision.cloud_calls, [CloudCall::RefreshGoogleKeys]);
-    // Keys fetched in the CSR's own second (creationTimestamp truncates) may predate it: fetch
-    // again, never refuse.
-    let same_second = now().replace_nanosecond(900_000_000).unwrap();
-    let csr_at = same_second.replace_nanosecond(0).unwrap();
-    let racing = Verifiers::new().with(GcpVerifier::new(Arc::new(FetchedAt(old_keys.clone(), same_second))));
-    let decision = decide(
-        &mut attestor,
-        &gcp.instance.provider_id(),
-        &racing,
-        &Gcp::cluster(),
-        csr_at,
+    // The apiserver's clock 10 minutes ahead of the signer's: the CSR's creationTimestamp lies
+    // in the signer's future, but keys fetched after the signer first saw the CSR still
+    // postdate it, so the unknown key is refused, not retried until the CSR expires.
+    let ahead = Verifiers::new().with(GcpVerifier::new(Arc::new(FetchedAt(
+        old_keys.clone(),
+        now() + Duration::seconds(2),
+    ))));
+    let key = NodeKey::generate(KeyAlgorithm::EcdsaP256).unwrap();
+    let params = kubelet_client_params(
+        &NodeName::new("worker-0").unwrap(),
+        &ProviderId::new(&gcp.instance.provider_id()).unwrap(),
     );
-    assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:?}");
+    let envelope = build_envelope(&params, &key, &mut attestor, None).unwrap();
+    let mut csr: CsrObject = client_csr_object(envelope.encode().into_bytes(), "abcdef");
+    csr.signer_name = attestation::names::SIGNER_GCP.into();
+    csr.created = Some(now() + Duration::minutes(10));
+    let mut world = tests::worker0::Worker0::with_provider_id("", &gcp.instance.provider_id());
+    world.cluster = Gcp::cluster();
+    let (reason, message) = denial(&world.decide_with(&csr, now(), &ahead));
+    assert_eq!(reason, DenyReason::AttestationInvalid);
+    assert!(message.contains("after the CSR was filed"), "{message}");
     // Keys fetched after the CSR and still without the kid: refused.
     let fresh = Verifiers::new().with(GcpVerifier::new(Arc::new(FetchedAt(
         old_keys,
@@ -550,7 +562,7 @@ fn aws_an_honest_node_is_approved_and_sts_is_asked_at_the_signers_endpoint() {
     );
     let asked = aws.sts.asked.lock().unwrap();
     assert_eq!(asked.len(), 1);
-    assert_eq!(asked[0].url, "https://sts.us-east-1.amazonaws.com");
+    assert_eq!(asked[0].url, "https://sts.us-east-1.amazonaws.com/");
     assert_eq!(asked[0].body, b"Action=GetCallerIdentity&Version=2011-06-15");
 }
 
@@ -684,6 +696,12 @@ fn aws_sts_answers_decide_the_rest() {
             Some("not an STS assumed-role ARN"),
         ),
         (
+            StsAnswer::Caller {
+                arn: format!("arn:aws-us-gov:sts::{ACCOUNT}:assumed-role/node-role/{INSTANCE_ID}"),
+            },
+            Some("partition"),
+        ),
+        (
             StsAnswer::Refused {
                 status: 403,
                 error: "SignatureDoesNotMatch: the request signature we calculated does not match".into(),
@@ -734,6 +752,127 @@ fn aws_the_account_allow_list_narrows_who_may_attest() {
         .with_annotation(attestation::names::ANNOTATION_AWS_ACCOUNTS, "210987654321,123456789012");
     let decision = aws.decide_with(&mut aws.attestor(&Aws::honest_document()), &listed);
     assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
+}
+
+#[test]
+fn aws_needs_the_clusters_node_roles_and_refuses_a_session_of_any_other_role() {
+    let aws = Aws::new();
+    let cluster = |roles: Option<&str>| {
+        let mut object = capi::cluster("aws");
+        let annotations = object["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.remove(attestation::names::ANNOTATION_AWS_ROLES);
+        if let Some(roles) = roles {
+            annotations.insert(attestation::names::ANNOTATION_AWS_ROLES.into(), json!(roles));
+        }
+        ClusterView::from_object(&object).unwrap()
+    };
+    // Without the annotation, or with one that names no role: not allowed, STS never asked.
+    for (roles, expected) in [(None, "needs the Cluster's"), (Some(" , "), "names no one")] {
+        let (reason, message) = denial(&aws.decide_with(&mut aws.attestor(&Aws::honest_document()), &cluster(roles)));
+        assert_eq!(reason, DenyReason::AttestationNotAllowed, "{roles:?}: {message}");
+        assert!(message.contains(expected), "{roles:?}: {message}");
+        assert!(message.contains("cluster.x-k8s.io/kubelet-aws-roles"), "{message}");
+        assert!(aws.sts.asked.lock().unwrap().is_empty(), "{roles:?}: STS was asked");
+    }
+    // The review's forgery: AssumeRole on an unrelated role, session named after the victim.
+    *aws.sts.answer.lock().unwrap() = Some(StsAnswer::Caller {
+        arn: format!("arn:aws:sts::{ACCOUNT}:assumed-role/ci-deployer/{INSTANCE_ID}"),
+    });
+    let (reason, message) = denial(&aws.decide_with(
+        &mut aws.attestor(&Aws::honest_document()),
+        &cluster(Some("node-role,control-plane-role")),
+    ));
+    assert_eq!(reason, DenyReason::AttestationInvalid);
+    assert!(message.contains("role \"ci-deployer\""), "{message}");
+    // Any of the listed roles, compared as IAM compares role names.
+    *aws.sts.answer.lock().unwrap() = Some(StsAnswer::Caller {
+        arn: format!("arn:aws:sts::{ACCOUNT}:assumed-role/Control-Plane-Role/{INSTANCE_ID}"),
+    });
+    let decision = aws.decide_with(
+        &mut aws.attestor(&Aws::honest_document()),
+        &cluster(Some("node-role, control-plane-role")),
+    );
+    assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
+}
+
+#[test]
+fn allow_lists_that_name_no_one_are_refused_as_configuration_errors() {
+    let aws = Aws::new();
+    let accounts = ClusterView::from_object(&capi::cluster("aws"))
+        .unwrap()
+        .with_annotation(attestation::names::ANNOTATION_AWS_ACCOUNTS, " , ");
+    let (reason, message) = denial(&aws.decide_with(&mut aws.attestor(&Aws::honest_document()), &accounts));
+    assert_eq!(reason, DenyReason::AttestationNotAllowed, "{message}");
+    assert!(
+        message.contains("kubelet-aws-accounts") && message.contains("names no one"),
+        "{message}"
+    );
+
+    let gcp = Gcp::new();
+    let kid = gcp.signer.current_kid();
+    let mut attestor = GcpAttestor::new(Mint(|audience: &str| {
+        gcp.signer
+            .token(&kid, gcp.instance.claims(audience, now().unix_timestamp()))
+    }));
+    let projects = Gcp::cluster().with_annotation(attestation::names::ANNOTATION_GCP_PROJECTS, "");
+    let (reason, message) = denial(&decide(
+        &mut attestor,
+        &gcp.instance.provider_id(),
+        &gcp.verifiers(),
+        &projects,
+        now(),
+    ));
+    assert_eq!(reason, DenyReason::AttestationNotAllowed, "{message}");
+    assert!(
+        message.contains("kubelet-gcp-projects") && message.contains("names no one"),
+        "{message}"
+    );
+}
+
+#[test]
+fn gcp_a_field_holding_a_slash_cannot_name_another_instance() {
+    // zone "europe-west1-b/x" and name "worker-0" join into the provider ID of instance
+    // "worker-0" in "zone" x: refused on the zone's shape, whatever the Machine says.
+    let gcp = Gcp::new();
+    let kid = gcp.signer.current_kid();
+    let mut attestor = GcpAttestor::new(Mint(|audience: &str| {
+        let mut claims = gcp.instance.claims(audience, now().unix_timestamp());
+        claims["google"]["compute_engine"]["zone"] = json!("europe-west1-b/x");
+        gcp.signer.token(&kid, claims)
+    }));
+    let (reason, message) = denial(&decide(
+        &mut attestor,
+        "gce://team-a-prod/europe-west1-b/x/worker-0",
+        &gcp.verifiers(),
+        &Gcp::cluster(),
+        now(),
+    ));
+    assert_eq!(reason, DenyReason::AttestationInvalid);
+    assert!(message.contains("zone"), "{message}");
+}
+
+#[test]
+fn aws_an_endpoint_with_a_path_is_posted_to_the_path_the_node_signed() {
+    let aws = Aws::new();
+    let endpoints = StsEndpoints::from_template("https://proxy.example/sts").unwrap();
+    let certificates = RegionCertificates::from_pem(&aws.ca.regions_pem(&["us-east-1"])).unwrap();
+    let verifiers = Verifiers::new().with(
+        AwsVerifier::new(aws.sts.clone())
+            .with_certificates(certificates)
+            .with_endpoints(endpoints.clone()),
+    );
+    let mut attestor = AwsAttestor::new(
+        Imds {
+            rsa2048: rsa2048_body(&aws.ca.sign_document(&Aws::honest_document())),
+        },
+        endpoints,
+    );
+    let cluster = ClusterView::from_object(&capi::cluster("aws")).unwrap();
+    let decision = decide(&mut attestor, PID_AWS, &verifiers, &cluster, now());
+    assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
+    // The AWS SDKs send GetCallerIdentity to the endpoint's path with a `/` after it, and sign
+    // that path: the signer posts to the same one, or STS refuses the signature.
+    assert_eq!(aws.sts.asked.lock().unwrap()[0].url, "https://proxy.example/sts/");
 }
 
 #[test]

@@ -89,7 +89,13 @@ proptest! {
         let _ = Jwks::parse(&json);
         let _ = AwsData::parse(&json);
         let _ = attestation::aws::sts::caller_arn(&token);
-        let _ = attestation::aws::sts::check_instance_arn(&token, "123456789012", "i-0123456789abcdef0");
+        let roles = ["node-role".to_owned()];
+        let _ = attestation::aws::sts::check_instance_arn(&token, &attestation::aws::sts::ExpectedCaller {
+            region: "us-east-1",
+            account_id: "123456789012",
+            instance_id: "i-0123456789abcdef0",
+            roles: &roles,
+        });
     }
 
     #[test]

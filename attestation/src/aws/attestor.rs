@@ -103,7 +103,7 @@ impl<M: Ec2Metadata> Attestor for AwsAttestor<M> {
         let document = IdentityDocument::parse(signed.content()).map_err(|e| failed("identity document", e))?;
         let credentials = self.metadata.role_credentials()?;
         let host = self.endpoints.host(&document.region);
-        let url = format!("{}/", self.endpoints.url(&document.region));
+        let url = self.endpoints.url(&document.region);
         let binding = crate::cloud::binding(request.spki_der);
         let content_type = "application/x-www-form-urlencoded; charset=utf-8";
         let unsigned = [

@@ -87,14 +87,16 @@ impl StsEndpoints {
         })
     }
 
-    /// The endpoint URL for `region`.
+    /// The URL a `GetCallerIdentity` for `region` is posted to, and signed for: the endpoint
+    /// with a `/` after its path, as the AWS SDKs send it (an endpoint `https://proxy/sts`
+    /// takes requests at `/sts/`), so the node and the signer name one path.
     pub fn url(&self, region: &str) -> String {
         match &self.template {
-            Some(t) => t.replace("{region}", region),
-            None if region.starts_with("cn-") => format!("https://sts.{region}.amazonaws.com.cn"),
+            Some(t) => format!("{}/", t.replace("{region}", region)),
+            None if region.starts_with("cn-") => format!("https://sts.{region}.amazonaws.com.cn/"),
             // The European Sovereign Cloud is a partition of its own, under its own domain.
-            None if region.starts_with("eusc-") => format!("https://sts.{region}.amazonaws.eu"),
-            None => format!("https://sts.{region}.amazonaws.com"),
+            None if region.starts_with("eusc-") => format!("https://sts.{region}.amazonaws.eu/"),
+            None => format!("https://sts.{region}.amazonaws.com/"),
         }
     }
 
@@ -400,23 +402,56 @@ pub fn error_summary(response: &str) -> String {
     }
 }
 
-/// Checks that `arn` is instance-profile credentials of `instance_id` in `account_id`:
-/// `arn:<partition>:sts::<account>:assumed-role/<role>/<instance>`.
-pub fn check_instance_arn(arn: &str, account_id: &str, instance_id: &str) -> Result<(), String> {
+/// What STS's answer must name for an `aws/v1` request to prove the document's instance.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpectedCaller<'a> {
+    /// The document's region: the ARN's partition must be the region's.
+    pub region: &'a str,
+    /// The document's account.
+    pub account_id: &'a str,
+    /// The document's instance: EC2 names an instance profile's session after it.
+    pub instance_id: &'a str,
+    /// The roles the Cluster names (`cluster.x-k8s.io/kubelet-aws-roles`): any principal
+    /// allowed to assume a role chooses its session name, so only roles whose trust policy
+    /// admits EC2 alone prove that the session is the instance's.
+    pub roles: &'a [String],
+}
+
+/// The partition of `region` (what an ARN of that region starts with).
+pub fn partition(region: &str) -> &'static str {
+    const PREFIXES: [(&str, &str); 7] = [
+        ("cn-", "aws-cn"),
+        ("us-gov-", "aws-us-gov"),
+        ("eusc-", "aws-eusc"),
+        ("us-isob-", "aws-iso-b"),
+        ("us-isof-", "aws-iso-f"),
+        ("eu-isoe-", "aws-iso-e"),
+        ("us-iso-", "aws-iso"),
+    ];
+    PREFIXES
+        .iter()
+        .find(|(prefix, _)| region.starts_with(prefix))
+        .map_or("aws", |(_, partition)| partition)
+}
+
+/// Checks that STS's `arn` is `arn:<partition>:sts::<account>:assumed-role/<role>/<instance>`
+/// for the document's partition, account and instance, with a `<role>` the Cluster names
+/// (IAM role names are unique regardless of case, so they compare so). Returns the role.
+pub fn check_instance_arn<'a>(arn: &'a str, expected: &ExpectedCaller<'_>) -> Result<&'a str, String> {
     let shown = || format!("{:?}", crate::identity::truncate(arn, 160));
     let parts: Vec<&str> = arn.splitn(6, ':').collect();
-    let [
-        "arn",
-        partition @ ("aws" | "aws-cn" | "aws-us-gov" | "aws-eusc"),
-        "sts",
-        "",
-        account,
-        resource,
-    ] = parts.as_slice()
-    else {
+    let ["arn", partition_of_arn, "sts", "", account, resource] = parts.as_slice() else {
         return Err(format!("ARN: {} is not an STS assumed-role ARN", shown()));
     };
-    let _ = partition;
+    let wanted = partition(expected.region);
+    if *partition_of_arn != wanted {
+        return Err(format!(
+            "ARN: {} is of partition {:?}, the identity document's region {} is in {wanted}",
+            shown(),
+            crate::identity::truncate(partition_of_arn, 32),
+            expected.region
+        ));
+    }
     let segments: Vec<&str> = resource.split('/').collect();
     let ["assumed-role", role, session] = segments.as_slice() else {
         return Err(format!("ARN: {} is not assumed-role/<role>/<session>", shown()));
@@ -424,19 +459,30 @@ pub fn check_instance_arn(arn: &str, account_id: &str, instance_id: &str) -> Res
     if role.is_empty() {
         return Err(format!("ARN: {} names no role", shown()));
     }
-    if *account != account_id {
+    if *account != expected.account_id {
         return Err(format!(
-            "ARN: {} is of account {account}, the identity document of {account_id}",
-            shown()
+            "ARN: {} is of account {account}, the identity document of {}",
+            shown(),
+            expected.account_id
         ));
     }
-    if *session != instance_id {
+    if *session != expected.instance_id {
         return Err(format!(
-            "ARN: {} is a session of {session:?}, not instance {instance_id} (instance-profile credentials name their instance)",
-            shown()
+            "ARN: {} is a session of {session:?}, not instance {} (instance-profile credentials name their instance)",
+            shown(),
+            expected.instance_id
         ));
     }
-    Ok(())
+    if !expected.roles.iter().any(|r| r.eq_ignore_ascii_case(role)) {
+        return Err(format!(
+            "role: {} is a session of role {:?}, which is not in the Cluster's {} ({}): a session name is chosen by whoever assumes a role, so only the nodes' own roles prove the instance",
+            shown(),
+            crate::identity::truncate(role, 64),
+            crate::names::ANNOTATION_AWS_ROLES,
+            expected.roles.join(",")
+        ));
+    }
+    Ok(role)
 }
 
 #[cfg(test)]
@@ -490,7 +536,7 @@ mod tests {
     fn a_well_formed_request_becomes_a_call_to_the_signers_own_endpoint() {
         let endpoints = StsEndpoints::regional();
         let call = request(|_, _| {}).to_call(&checks(&endpoints)).unwrap();
-        assert_eq!(call.url, "https://sts.us-east-1.amazonaws.com");
+        assert_eq!(call.url, "https://sts.us-east-1.amazonaws.com/");
         assert_eq!(call.body, GET_CALLER_IDENTITY_BODY.as_bytes());
         assert!(call.headers.iter().any(|(k, _)| k == "authorization"));
         assert!(!format!("{call:?}").contains("SESSION-SECRET") && !format!("{call:?}").contains("00ff"));
@@ -580,7 +626,10 @@ mod tests {
     #[test]
     fn endpoints_and_hosts_follow_the_template() {
         let local = StsEndpoints::from_template("http://127.0.0.1:4566").unwrap();
-        assert_eq!(local.url("us-east-1"), "http://127.0.0.1:4566");
+        assert_eq!(local.url("us-east-1"), "http://127.0.0.1:4566/");
+        let proxied = StsEndpoints::from_template("https://proxy.example/sts/{region}/").unwrap();
+        assert_eq!(proxied.url("us-east-1"), "https://proxy.example/sts/us-east-1/");
+        assert_eq!(proxied.host("us-east-1"), "proxy.example");
         assert_eq!(local.host("us-east-1"), "127.0.0.1:4566");
         let templated = StsEndpoints::from_template("https://sts.{region}.example:443/").unwrap();
         assert_eq!(templated.host("eu-west-1"), "sts.eu-west-1.example");
@@ -599,10 +648,22 @@ mod tests {
         assert!(StsEndpoints::from_template("sts.example").is_err());
     }
 
+    fn expected(roles: &[String]) -> ExpectedCaller<'_> {
+        ExpectedCaller {
+            region: "us-east-1",
+            account_id: "123456789012",
+            instance_id: "i-0123456789abcdef0",
+            roles,
+        }
+    }
+
     #[test]
     fn arns_must_be_the_documents_instance_profile() {
+        let roles = ["node-role".to_owned(), "Control-Plane".to_owned()];
         let ok = "arn:aws:sts::123456789012:assumed-role/node-role/i-0123456789abcdef0";
-        assert_eq!(check_instance_arn(ok, "123456789012", "i-0123456789abcdef0"), Ok(()));
+        assert_eq!(check_instance_arn(ok, &expected(&roles)), Ok("node-role"));
+        let cased = "arn:aws:sts::123456789012:assumed-role/control-plane/i-0123456789abcdef0";
+        assert_eq!(check_instance_arn(cased, &expected(&roles)), Ok("control-plane"));
         for (arn, what) in [
             (
                 "arn:aws:sts::210987654321:assumed-role/node-role/i-0123456789abcdef0",
@@ -621,9 +682,40 @@ mod tests {
                 "arn:aws:sts::123456789012:assumed-role/r/i-0123456789abcdef0/x",
                 "assumed-role/",
             ),
+            // The review's forgery: any role a principal may assume, session named after the
+            // victim instance.
+            (
+                "arn:aws:sts::123456789012:assumed-role/ci-deployer/i-0123456789abcdef0",
+                "not in the Cluster's cluster.x-k8s.io/kubelet-aws-roles",
+            ),
+            (
+                "arn:aws-cn:sts::123456789012:assumed-role/node-role/i-0123456789abcdef0",
+                "partition \"aws-cn\"",
+            ),
+            (
+                "arn:aws-us-gov:sts::123456789012:assumed-role/node-role/i-0123456789abcdef0",
+                "in aws",
+            ),
         ] {
-            let why = check_instance_arn(arn, "123456789012", "i-0123456789abcdef0").unwrap_err();
+            let why = check_instance_arn(arn, &expected(&roles)).unwrap_err();
             assert!(why.contains(what), "{arn}: {why}");
+        }
+        let none = check_instance_arn(ok, &expected(&[])).unwrap_err();
+        assert!(none.contains("role"), "{none}");
+    }
+
+    #[test]
+    fn every_region_maps_to_its_partition() {
+        for (region, expected) in [
+            ("us-east-1", "aws"),
+            ("eu-west-3", "aws"),
+            ("cn-north-1", "aws-cn"),
+            ("us-gov-west-1", "aws-us-gov"),
+            ("eusc-de-east-1", "aws-eusc"),
+            ("us-iso-east-1", "aws-iso"),
+            ("us-isob-east-1", "aws-iso-b"),
+        ] {
+            assert_eq!(partition(region), expected, "{region}");
         }
     }
 

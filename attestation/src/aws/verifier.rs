@@ -9,12 +9,12 @@ use time::Duration;
 use super::certificates::RegionCertificates;
 use super::document::IdentityDocument;
 use super::pkcs7::SignedDocument;
-use super::sts::{CallChecks, CallerIdentity, StsAnswer, StsEndpoints, check_instance_arn};
+use super::sts::{CallChecks, CallerIdentity, ExpectedCaller, StsAnswer, StsEndpoints, check_instance_arn};
 use super::{AwsData, PROVIDER};
 use crate::attestor::{Evidence, Verification, Verifier};
 use crate::cloud::{CloudCall, DEFAULT_MAX_AGE, allow_list, binding};
 use crate::decision::DenyReason;
-use crate::names::{ANNOTATION_AWS_ACCOUNTS, SIGNER_AWS};
+use crate::names::{ANNOTATION_AWS_ACCOUNTS, ANNOTATION_AWS_ROLES, SIGNER_AWS};
 
 /// Signer side of `aws/v1`.
 pub struct AwsVerifier {
@@ -38,6 +38,11 @@ type Failure = (DenyReason, String);
 
 fn fail(message: impl Into<String>) -> Failure {
     (DenyReason::AttestationInvalid, format!("aws/v1 {}", message.into()))
+}
+
+/// The Cluster's configuration admits no `aws/v1` attestation (SPEC section 5).
+fn not_allowed(message: impl Into<String>) -> Failure {
+    (DenyReason::AttestationNotAllowed, format!("aws/v1 {}", message.into()))
 }
 
 impl AwsVerifier {
@@ -90,10 +95,20 @@ impl AwsVerifier {
     }
 
     fn judge(&self, evidence: &Evidence<'_>) -> Result<Verification, Failure> {
+        // The Cluster's configuration first: without its roles nothing is asked of STS.
+        let roles = allow_list(evidence.cluster, ANNOTATION_AWS_ROLES)
+            .map_err(not_allowed)?
+            .ok_or_else(|| {
+                not_allowed(format!(
+                    "needs the Cluster's {ANNOTATION_AWS_ROLES}: the IAM roles of its nodes' instance profiles \
+                     (roles whose trust policy admits only ec2.amazonaws.com), comma-separated"
+                ))
+            })?;
+        let accounts = allow_list(evidence.cluster, ANNOTATION_AWS_ACCOUNTS).map_err(not_allowed)?;
         let data = evidence.data.ok_or_else(|| fail("needs an ATTESTATION DATA block"))?;
         let data = AwsData::parse(data).map_err(fail)?;
         let document = self.verified_document(&data).map_err(fail)?;
-        if let Some(accounts) = allow_list(evidence.cluster, ANNOTATION_AWS_ACCOUNTS)
+        if let Some(accounts) = accounts
             && !accounts.contains(&document.account_id)
         {
             return Err(fail(format!(
@@ -140,7 +155,16 @@ impl AwsVerifier {
                 });
             }
         };
-        check_instance_arn(&arn, &document.account_id, &document.instance_id).map_err(fail)?;
+        check_instance_arn(
+            &arn,
+            &ExpectedCaller {
+                region: &document.region,
+                account_id: &document.account_id,
+                instance_id: &document.instance_id,
+                roles: &roles,
+            },
+        )
+        .map_err(fail)?;
         Ok(Verification::Verified {
             ek_sha256: None,
             instance: Some(format!("{PROVIDER}:{}/{}", document.account_id, document.instance_id)),

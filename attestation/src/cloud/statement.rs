@@ -46,22 +46,49 @@ pub(crate) fn rfc3339(at: OffsetDateTime) -> String {
         .unwrap_or_else(|_| at.unix_timestamp().to_string())
 }
 
-/// Reads a comma-list allow-list annotation of the Cluster (`kubelet-aws-accounts`,
-/// `kubelet-gcp-projects`): `None` when absent or empty (anyone may attest).
-pub(crate) fn allow_list(cluster: &crate::machine::ClusterView, annotation: &str) -> Option<Vec<String>> {
-    let list: Vec<String> = cluster
-        .annotation(annotation)?
+/// Reads a comma-list allow-list annotation of the Cluster (`kubelet-aws-roles`,
+/// `kubelet-aws-accounts`, `kubelet-gcp-projects`): `Ok(None)` when absent. An annotation that
+/// is there but names no one (`""`, `" , "`) is a configuration error, never "anyone".
+pub(crate) fn allow_list(
+    cluster: &crate::machine::ClusterView,
+    annotation: &str,
+) -> Result<Option<Vec<String>>, String> {
+    let Some(value) = cluster.annotation(annotation) else {
+        return Ok(None);
+    };
+    let list: Vec<String> = value
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect();
-    (!list.is_empty()).then_some(list)
+    if list.is_empty() {
+        return Err(format!(
+            "the Cluster's {annotation} is {:?}, which names no one: list who may attest, or remove the annotation",
+            crate::identity::truncate(value, 64)
+        ));
+    }
+    Ok(Some(list))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allow_list_that_names_no_one_is_an_error_not_anyone() {
+        use crate::machine::ClusterView;
+        let cluster = ClusterView::named("c", "ns", &["aws"]);
+        assert_eq!(allow_list(&cluster, "list"), Ok(None));
+        for value in ["", " ", " , ", ",,"] {
+            let why = allow_list(&cluster.clone().with_annotation("list", value), "list").unwrap_err();
+            assert!(why.contains("names no one"), "{value:?}: {why}");
+        }
+        assert_eq!(
+            allow_list(&cluster.with_annotation("list", " a, ,b "), "list"),
+            Ok(Some(vec!["a".to_owned(), "b".to_owned()]))
+        );
+    }
 
     #[test]
     fn binding_is_unpadded_base64url_of_the_spki_hash() {

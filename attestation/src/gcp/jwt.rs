@@ -140,6 +140,9 @@ pub struct IdentityClaims {
     pub exp: i64,
     /// Issued at, seconds since the epoch.
     pub iat: i64,
+    /// Not before, seconds since the epoch, when the token names it.
+    #[serde(default)]
+    pub nbf: Option<i64>,
     /// Google's part (absent unless `format=full`).
     #[serde(default)]
     pub google: Option<GoogleClaims>,
@@ -166,9 +169,106 @@ pub struct ComputeEngine {
     pub instance_name: String,
 }
 
+impl ComputeEngine {
+    /// Checks each field against the shape Google gives it: they are joined with `/` into the
+    /// provider ID compared with the CSR's, so a field holding a `/` (zone `us-east1-b/x` with
+    /// name `y`) would name another instance.
+    pub fn check_shape(&self) -> Result<(), String> {
+        let bad = |field: &str, value: &str| {
+            Err(format!(
+                "the token's google.compute_engine.{field} {:?} is malformed",
+                crate::identity::truncate(value, 40)
+            ))
+        };
+        if !project_id(&self.project_id) {
+            return bad("project_id", &self.project_id);
+        }
+        let zone = &self.zone;
+        if zone.is_empty()
+            || zone.len() > 63
+            || !zone
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return bad("zone", zone);
+        }
+        if !rfc1035_label(&self.instance_name) {
+            return bad("instance_name", &self.instance_name);
+        }
+        let id = &self.instance_id;
+        if id.is_empty() || id.len() > 20 || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return bad("instance_id", id);
+        }
+        Ok(())
+    }
+}
+
+/// A project ID: 6 to 30 of lowercase letters, digits and hyphens, starting with a letter and
+/// not ending with a hyphen; a legacy domain-scoped one is `<domain>:<id>`.
+fn project_id(value: &str) -> bool {
+    let (domain, id) = value.rsplit_once(':').map_or((None, value), |(d, i)| (Some(d), i));
+    let id_ok = (6..=30).contains(&id.len())
+        && id.starts_with(|c: char| c.is_ascii_lowercase())
+        && !id.ends_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let domain_ok = domain.is_none_or(|d| !d.is_empty() && d.len() <= 253 && d.split('.').all(rfc1035_label_or_digits));
+    id_ok && domain_ok
+}
+
+/// A DNS label of the RFC 1035 form: a lowercase letter, then letters, digits and hyphens, at
+/// most 63, not ending with a hyphen.
+fn rfc1035_label(value: &str) -> bool {
+    value.starts_with(|c: char| c.is_ascii_lowercase()) && rfc1035_label_or_digits(value)
+}
+
+fn rfc1035_label_or_digits(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 63
+        && !value.ends_with('-')
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compute_engine_fields_are_shape_checked() {
+        let honest = ComputeEngine {
+            project_id: "team-a-prod".into(),
+            zone: "us-east1-b".into(),
+            instance_id: "1234567890123456789".into(),
+            instance_name: "worker-0".into(),
+        };
+        assert_eq!(honest.check_shape(), Ok(()));
+        let scoped = ComputeEngine {
+            project_id: "example.com:team-a".into(),
+            ..honest.clone()
+        };
+        assert_eq!(scoped.check_shape(), Ok(()));
+        type Bend = fn(&mut ComputeEngine);
+        let bent: [(&str, Bend); 9] = [
+            ("zone", |c| c.zone = "us-east1-b/x".into()),
+            ("zone", |c| c.zone = String::new()),
+            ("instance_name", |c| c.instance_name = "x/y".into()),
+            ("instance_name", |c| c.instance_name = "Worker".into()),
+            ("instance_name", |c| c.instance_name = "0worker".into()),
+            ("project_id", |c| c.project_id = "proj/zone".into()),
+            ("project_id", |c| c.project_id = "short".into()),
+            ("project_id", |c| c.project_id = "ends-with-".into()),
+            ("instance_id", |c| c.instance_id = "12a".into()),
+        ];
+        for (field, bend) in bent {
+            let mut instance = honest.clone();
+            bend(&mut instance);
+            let why = instance.check_shape().unwrap_err();
+            assert!(why.contains(field), "{instance:?}: {why}");
+        }
+    }
 
     fn b64(bytes: &[u8]) -> String {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)

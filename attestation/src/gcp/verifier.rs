@@ -77,25 +77,24 @@ impl GcpVerifier {
         })
     }
 
-    /// A token naming a key the set lacks: refused once the set was fetched after the CSR was
-    /// filed (the token is older than the CSR, so a key Google still used would be there);
-    /// otherwise the keys are fetched again first, since Google may have rotated.
+    /// A token naming a key the set lacks: refused once the set was fetched after the signer
+    /// first saw the CSR (the token is older than the CSR, so a key Google still used would be
+    /// there); otherwise the keys are fetched again first, since Google may have rotated. Both
+    /// times are the signer's own clock: the CSR's creationTimestamp is the apiserver's, and an
+    /// apiserver clock ahead of the signer's would keep the CSR waiting until it expired.
     fn unknown_key(
         &self,
         evidence: &Evidence<'_>,
         kid: &str,
         fetched_at: Option<OffsetDateTime>,
     ) -> Result<Verification, Failure> {
-        // creationTimestamp has whole seconds: the CSR was filed within the second after it,
-        // so only keys fetched a second later surely postdate it.
-        let filed = evidence.object.created.map(|at| at + Duration::seconds(1));
-        match (fetched_at, filed) {
-            (None, _) => Err(fail(format!("signature: key {kid:?} is not among Google's keys"))),
-            (Some(fetched), Some(filed)) if fetched >= filed => Err(fail(format!(
+        match fetched_at {
+            None => Err(fail(format!("signature: key {kid:?} is not among Google's keys"))),
+            Some(fetched) if fetched > evidence.first_seen => Err(fail(format!(
                 "signature: key {kid:?} is not among Google's keys (fetched {}, after the CSR was filed)",
                 rfc3339(fetched)
             ))),
-            (Some(fetched), _) => Ok(Verification::NeedsCloud {
+            Some(fetched) => Ok(Verification::NeedsCloud {
                 call: CloudCall::RefreshGoogleKeys,
                 message: format!(
                     "gcp/v1: key {kid:?} is not among Google's keys fetched {}; fetching them again",
@@ -135,13 +134,25 @@ impl GcpVerifier {
                 rfc3339(evidence.now)
             )));
         }
+        if let Some(nbf) = claims.nbf {
+            let nbf = at(nbf, "nbf")?;
+            if nbf > evidence.now + crate::cloud::CLOCK_SKEW {
+                return Err(fail(format!(
+                    "age: the token is not valid before {} (now {})",
+                    rfc3339(nbf),
+                    rfc3339(evidence.now)
+                )));
+            }
+        }
         check_fresh("the token's iat", iat, evidence.now, self.max_age).map_err(|e| fail(format!("age: {e}")))?;
         let instance = claims
             .google
             .as_ref()
             .and_then(|g| g.compute_engine.as_ref())
             .ok_or_else(|| fail("provider ID: the token names no Compute Engine instance (format=full is needed)"))?;
+        instance.check_shape().map_err(|e| fail(format!("provider ID: {e}")))?;
         if let Some(projects) = allow_list(evidence.cluster, ANNOTATION_GCP_PROJECTS)
+            .map_err(|e| (DenyReason::AttestationNotAllowed, format!("gcp/v1 {e}")))?
             && !projects.contains(&instance.project_id)
         {
             return Err(fail(format!(

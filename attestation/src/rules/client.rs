@@ -252,6 +252,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
             ek_pins: &ek_pins,
             claim: claim.valid(),
             now: inputs.clock.now,
+            first_seen: inputs.clock.first_seen,
         };
         let verification = verifier.verify(&evidence);
         let ek = match &verification {
