@@ -194,3 +194,146 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
         "a renewal keeps the claim"
     );
 }
+
+/// A node's TPM, key and name, driving the two phases by hand so the test can rotate the key
+/// between them.
+struct TpmNode {
+    attestor: attestation::tpm::attestor::TpmAttestor,
+    key: attestation::request::NodeKey,
+    name: &'static str,
+    pid: &'static str,
+}
+
+impl TpmNode {
+    fn new(tpm: &Swtpm, name: &'static str, pid: &'static str) -> Self {
+        Self {
+            attestor: attestation::tpm::attestor::TpmAttestor::new(&tpm.tcti).unwrap(),
+            key: attestation::request::NodeKey::generate(attestation::request::KeyAlgorithm::EcdsaP256).unwrap(),
+            name,
+            pid,
+        }
+    }
+
+    /// Files `csr` for phase 1 (`answer` None) or phase 2.
+    async fn file(&mut self, w: &Workload, csr: &str, answer: Option<attestation::attestor::ChallengeAnswer<'_>>) {
+        let params = attestation::request::kubelet_client_params(
+            &attestation::identity::NodeName::new(self.name).unwrap(),
+            &attestation::identity::ProviderId::new(self.pid).unwrap(),
+        );
+        let envelope = attestation::request::build_envelope(&params, &self.key, &mut self.attestor, answer).unwrap();
+        live::file_csr(
+            &w.bootstrap,
+            csr,
+            attestation::names::SIGNER_TPM,
+            envelope.encode().as_bytes(),
+            &["digital signature", "client auth"],
+        )
+        .await;
+    }
+}
+
+/// CSR `name` once it carries its challenge: (UID, annotation).
+async fn challenged(admin: &kube::Client, name: &str, signer: &Signer) -> (String, String) {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    for _ in 0..300 {
+        let csr = api.get(name).await.unwrap();
+        if let Some(annotation) = csr
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(attestation::names::ANNOTATION_TPM_CHALLENGE))
+        {
+            return (csr.metadata.uid.clone().unwrap(), annotation.clone());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("{name} was never challenged\n{}", signer.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS (a real kube-apiserver and etcd) and swtpm"]
+async fn replicas_follow_a_rotated_challenge_key_and_pending_challenges_survive_it() {
+    use k8s_openapi::api::core::v1::Secret;
+    let env = Envtest::start("envtest_tpm_rotation");
+    let (tpm0, tpm1) = (Swtpm::start("envtest_tpm_rot0"), Swtpm::start("envtest_tpm_rot1"));
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "tpm").await;
+    const PID1: &str = "aws:///us-east-1a/i-tpm1";
+    for (name, pid) in [("worker-0", PID), ("worker-1", PID1)] {
+        apply(
+            &admin,
+            &capi::kubeadm_config(&format!("{name}-kc"), "abcdef", "v1beta2"),
+        )
+        .await;
+        apply(&admin, &capi::machine(name, Some(pid))).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("ek-ca.pem");
+    std::fs::write(&bundle, localca_bundle()).unwrap();
+    let flags = ["--leader-elect=false", "--tpm-ek-ca-bundle", bundle.to_str().unwrap()];
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), "node-attestation-system");
+    let key_secret = "node-attestation-signer-tpm-challenge";
+
+    // Replica A alone challenges worker-0's CSR #1 under the first key.
+    let mut a = Signer::start(&signer_bin(), &w.env, &flags).await;
+    let mut node0 = TpmNode::new(&tpm0, "worker-0", PID);
+    node0.file(&w, "w0-first", None).await;
+    let (uid0, annotation0) = challenged(&w.admin, "w0-first", &a).await;
+    let first_key = secrets.get(key_secret).await.unwrap().data.unwrap()["key"].clone();
+
+    // The operator deletes the Secret; replica B starts and creates a new key. A, still
+    // running, follows it and records the key it replaced beside it.
+    secrets.delete(key_secret, &Default::default()).await.unwrap();
+    let mut b = Signer::start(&signer_bin(), &w.env, &flags).await;
+    let mut recorded = None;
+    for _ in 0..300 {
+        if let Ok(secret) = secrets.get(key_secret).await
+            && let Some(data) = secret.data
+            && data.contains_key("previous")
+        {
+            recorded = Some(data);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let recorded = recorded.unwrap_or_else(|| panic!("the replaced key was never recorded\n{}", a.log()));
+    assert_ne!(recorded["key"], first_key, "a new key");
+    assert_eq!(recorded["previous"], first_key, "the replaced key, recorded");
+
+    // B stops; A alone challenges worker-1 under the new key (it follows the Secret).
+    b.kill();
+    let mut node1 = TpmNode::new(&tpm1, "worker-1", PID1);
+    node1.file(&w, "w1-first", None).await;
+    let (uid1, annotation1) = challenged(&w.admin, "w1-first", &a).await;
+
+    // A stops; B, which never held the first key, decides both answers: worker-0's challenge
+    // of the replaced key (from the Secret's record) and worker-1's of the new one.
+    a.kill();
+    b.restart();
+    for (node, csr, first, uid, annotation) in [
+        (&mut node0, "w0-second", "w0-first", &uid0, &annotation0),
+        (&mut node1, "w1-second", "w1-first", &uid1, &annotation1),
+    ] {
+        let answer = attestation::attestor::ChallengeAnswer {
+            csr_name: first,
+            csr_uid: uid,
+            annotation,
+        };
+        node.file(&w, csr, Some(answer)).await;
+        match live::wait_final(&w.admin, csr, false, std::time::Duration::from_secs(30)).await {
+            live::Final::Issued(_) => {}
+            other => panic!("{csr}: {other:?}\n{}", b.log()),
+        }
+    }
+    for first in ["w0-first", "w1-first"] {
+        match live::wait_final(&w.admin, first, false, std::time::Duration::from_secs(10)).await {
+            live::Final::Denied(reason, _) => assert_eq!(reason, "Superseded", "{first}"),
+            other => panic!("{first}: {other:?}\n{}", b.log()),
+        }
+    }
+    assert!(
+        b.log().contains("the tpm/v1 challenge key changed"),
+        "A logged the rotation"
+    );
+}

@@ -209,7 +209,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         None => cloud.sts.clone(),
     };
     let verifiers = crate::verifiers::all(
-        attestation::tpm::verifier::ChallengeKey::loaded(challenge_key.to_vec())?,
+        attestation::tpm::challenge_key::ChallengeKey::loaded(challenge_key.to_vec())?,
         &args.tpm.settings(),
         &args.cloud,
         cloud.google.clone(),

@@ -430,6 +430,8 @@ impl Cloud {
             match call {
                 CloudCall::RefreshGoogleKeys => self.google.refresh(&self.client, self.timeout).await,
                 CloudCall::CallerIdentity(sts) => self.sts.ask(&self.client, sts, self.timeout).await,
+                // The controller's: it reads its challenge key Secret (workload::csr).
+                CloudCall::ReloadChallengeKey => {}
                 _ => {}
             }
         });

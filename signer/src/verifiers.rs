@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use attestation::attestor::Verifiers;
 use attestation::aws::CallerIdentity;
 use attestation::gcp::GoogleKeys;
-use attestation::tpm::verifier::ChallengeKey;
+use attestation::tpm::challenge_key::ChallengeKey;
 
 use crate::cloud::CloudArgs;
 

@@ -13,6 +13,7 @@ use attestation::names::{ANNOTATION_CLAIM, ANNOTATION_TPM_CHALLENGE, GROUP_BOOTS
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 use attestation::tpm::TpmVerifier;
 use attestation::tpm::attestor::TpmAttestor;
+use attestation::tpm::challenge_key::ChallengeKey;
 use attestation::tpm::ek::EkTrust;
 use attestation::{Clock, CsrObject, Inputs, decide};
 use serde_json::{Value, json};
@@ -29,6 +30,9 @@ pub struct World {
     pub machines: Vec<Value>,
     pub bundle: Vec<u8>,
     pub challenge_key: Vec<u8>,
+    /// A replica's challenge key slot, as the controller follows its Secret; `None`: a verifier
+    /// given [`World::challenge_key`] once.
+    pub key_slot: Option<ChallengeKey>,
     pub trust_on_first_use: bool,
     pub csrs: Vec<CsrObject>,
     pub now: OffsetDateTime,
@@ -44,6 +48,7 @@ impl World {
             ],
             bundle: localca_bundle(),
             challenge_key: vec![7; 32],
+            key_slot: None,
             trust_on_first_use: false,
             csrs: Vec::new(),
             now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
@@ -52,15 +57,17 @@ impl World {
     }
 
     pub fn verifier(&self) -> TpmVerifier {
-        TpmVerifier::new(self.challenge_key.clone())
-            .unwrap()
-            .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
-            .with_trust_on_first_use(self.trust_on_first_use)
+        match &self.key_slot {
+            Some(slot) => TpmVerifier::with_challenge_key(slot.clone()),
+            None => TpmVerifier::new(self.challenge_key.clone()).unwrap(),
+        }
+        .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
+        .with_trust_on_first_use(self.trust_on_first_use)
     }
 
     /// The same verifier without the challenge key, as `explain` runs it.
     pub fn verifier_without_key(&self) -> TpmVerifier {
-        TpmVerifier::with_challenge_key(attestation::tpm::verifier::ChallengeKey::withheld())
+        TpmVerifier::with_challenge_key(ChallengeKey::withheld())
             .with_ek_trust(EkTrust::from_pem(&self.bundle).unwrap())
             .with_trust_on_first_use(self.trust_on_first_use)
     }

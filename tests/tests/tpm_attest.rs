@@ -519,3 +519,85 @@ fn without_the_challenge_key_explain_checks_all_else_and_leaves_the_answer_to_th
         Outcome::Denied { .. }
     ));
 }
+
+#[test]
+#[ignore = "needs swtpm"]
+fn a_rotated_challenge_key_keeps_pending_challenges_and_an_unknown_one_is_read_again_before_it_is_refused() {
+    use attestation::cloud::CloudCall;
+    use attestation::tpm::challenge_key::ChallengeKey;
+    let tpm = Swtpm::start("tpm_attest_rotation");
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti).unwrap();
+    let (old, new) = (vec![1u8; 32], vec![2u8; 32]);
+    let now = world.now;
+    let read = |key: &[u8], seconds: i64| {
+        let slot = ChallengeKey::default();
+        slot.follow(key.to_vec(), now + Duration::seconds(seconds)).unwrap();
+        slot
+    };
+    // Held for a minute, read again after the CSR was first seen: nothing left to learn.
+    let settled = |key: &[u8]| {
+        let slot = read(key, -60);
+        slot.follow(key.to_vec(), now + Duration::seconds(1)).unwrap();
+        slot
+    };
+
+    // Replica A challenges CSR #1 under the old key; then the Secret is replaced and A reads it.
+    let a = read(&old, -60);
+    world.key_slot = Some(a.clone());
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    a.follow(new.clone(), world.now - Duration::seconds(30)).unwrap();
+    // A still verifies the answer: the challenge was issued before the rotation.
+    let (_, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:#?}");
+
+    // Replica B, started after the rotation, never held the old key: it learns it from the
+    // Secret's record of the replaced key, and verifies the same answer.
+    let b = read(&new, -10);
+    b.remember(old.clone(), world.now - Duration::seconds(30)).unwrap();
+    world.key_slot = Some(b);
+    let (_, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:#?}");
+
+    // Replica C still holds only the old key, read before the CSR was seen, and meets a challenge
+    // of the new key: not a forgery yet, it asks for the key to be read again.
+    world.finish_all();
+    world.key_slot = Some(read(&new, -5));
+    let k2 = key();
+    let second_first = world.challenged(&mut node, &k2);
+    let c = read(&old, -60);
+    world.key_slot = Some(c.clone());
+    let (_, decision) = world.phase_two(&mut node, &k2, &second_first);
+    assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
+    assert_eq!(decision.cloud_calls, [CloudCall::ReloadChallengeKey]);
+    // Read again, C verifies it.
+    c.follow(new.clone(), world.now + Duration::seconds(1)).unwrap();
+    // (A key that just changed also holds an unknown challenge back, for the replaced key to be
+    // recorded: shown in the unit tests of attestation::tpm::challenge_key.)
+    let (_, decision) = world.phase_two(&mut node, &k2, &second_first);
+    assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:#?}");
+
+    // A challenge no key verifies, with the key read after the CSR was seen: a forgery, refused.
+    world.key_slot = Some(settled(&[3u8; 32]));
+    let (_, decision) = world.phase_two(&mut node, &k2, &second_first);
+    denied(
+        &decision,
+        DenyReason::ChallengeFailed,
+        "a challenge of a key the Secret never held",
+    );
+    // And an old key cannot vouch for a challenge issued after it was replaced.
+    let late = settled(&new);
+    late.remember(old.clone(), world.now - Duration::seconds(200)).unwrap();
+    world.key_slot = Some(read(&old, -300));
+    world.finish_all();
+    let k3 = key();
+    let forged_late = world.challenged(&mut node, &k3);
+    world.key_slot = Some(late);
+    let (_, decision) = world.phase_two(&mut node, &k3, &forged_late);
+    denied(
+        &decision,
+        DenyReason::ChallengeFailed,
+        "an old key's challenge issued after its replacement",
+    );
+}

@@ -31,4 +31,8 @@ pub enum CloudCall {
     /// Send this STS `GetCallerIdentity` request (the node's, replayed to the signer's own
     /// endpoint) and keep the answer.
     CallerIdentity(crate::aws::StsCall),
+    /// Not a cloud, but the same kind of call: read the signer's own `tpm/v1` challenge key
+    /// Secret again. A challenge verifies under no key this replica holds, and the key may have
+    /// been rotated since this replica read it ([`crate::tpm::challenge_key`]).
+    ReloadChallengeKey,
 }

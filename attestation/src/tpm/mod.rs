@@ -8,6 +8,7 @@
 //! - [`credential`]: MakeCredential in software (RSA-OAEP or ECDH seeds), for the phase-1 challenge.
 //! - [`ek`]: EK trust by certificate chain to `--tpm-ek-ca-bundle`.
 //! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
+//! - [`challenge_key`]: the key challenges are derived under, and the keys it replaced.
 //! - `attestor` (feature `tpm-attestor`): the node side, through tss-esapi.
 //! - [`verifier`]: [`TpmVerifier`], the two phases put together.
 //!
@@ -16,6 +17,7 @@
 
 #[cfg(feature = "tpm-attestor")]
 pub mod attestor;
+pub mod challenge_key;
 pub mod credential;
 pub mod data;
 pub mod ek;

@@ -7,18 +7,19 @@
 //! storing. Verification is pure apart from MakeCredential's randomness.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
 
 use time::format_description::well_known::Rfc3339;
 use time::{Duration, OffsetDateTime};
 use zeroize::Zeroizing;
 
+use super::challenge_key::{ChallengeKey, Keys, WeakChallengeKey};
 use super::credential::make_credential;
 use super::data::{ChallengeAnnotation, ChallengeBinding, TpmData, challenge_secret, phase_two_extra_data};
 use super::ek::EkTrust;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
 use crate::attestor::{Evidence, Verification, Verifier};
+use crate::cloud::CloudCall;
 use crate::csr::ParsedCsr;
 use crate::csr_object::CsrRef;
 use crate::decision::DenyReason;
@@ -39,80 +40,12 @@ const CLOCK_SKEW: Duration = Duration::seconds(60);
 /// that a flood of first-phase CSRs costs the signer nothing.
 pub const MAX_PENDING_CHALLENGES: usize = 3;
 
-/// Shortest challenge key accepted.
-pub const MIN_CHALLENGE_KEY: usize = 32;
-
 /// How a `tpm/v1` signer trusts EKs and derives challenges.
 pub struct TpmVerifier {
     ek_trust: Option<EkTrust>,
     trust_on_first_use: bool,
     challenge_key: ChallengeKey,
     challenge_ttl: Duration,
-}
-
-/// The key challenge secrets and annotation macs are derived under, shared between the verifier
-/// and whoever loads it. The controller loads it from its Secret only when a `tpm/v1` CSR first
-/// needs it, so a signer whose namespace holds no Secret yet still serves `insecure/v1`
-/// clusters; until it is loaded, the verifier holds `tpm/v1` CSRs back
-/// ([`Verification::Pending`]) instead of judging them.
-///
-/// `explain` judges with the key [withheld](ChallengeKey::withheld): whoever holds the key can
-/// answer a challenge without the TPM, so a read-only tool must never read it.
-#[derive(Clone, Default)]
-pub struct ChallengeKey {
-    slot: Arc<OnceLock<Zeroizing<Vec<u8>>>>,
-    withheld: bool,
-}
-
-impl std::fmt::Debug for ChallengeKey {
-    // The key is never printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.is_loaded() {
-            "ChallengeKey(loaded)"
-        } else if self.withheld {
-            "ChallengeKey(withheld)"
-        } else {
-            "ChallengeKey(not loaded)"
-        })
-    }
-}
-
-impl ChallengeKey {
-    /// A key known now.
-    pub fn loaded(key: Vec<u8>) -> Result<Self, WeakChallengeKey> {
-        let slot = Self::default();
-        slot.load(key)?;
-        Ok(slot)
-    }
-
-    /// No key, on purpose (`explain`): the verifier checks all it can without one (EK trust,
-    /// AK, quote, a challenge's age, CSR #2 against CSR #1) and says what only the signer can
-    /// check: whether a challenge annotation is the signer's, and CSR #2's answer.
-    pub fn withheld() -> Self {
-        Self {
-            slot: Arc::default(),
-            withheld: true,
-        }
-    }
-
-    /// Sets the key; the first one set stays (every replica reads the same Secret).
-    pub fn load(&self, key: Vec<u8>) -> Result<(), WeakChallengeKey> {
-        let key = Zeroizing::new(key);
-        if key.len() < MIN_CHALLENGE_KEY {
-            return Err(WeakChallengeKey(key.len()));
-        }
-        let _ = self.slot.set(key);
-        Ok(())
-    }
-
-    /// Whether the key is there.
-    pub fn is_loaded(&self) -> bool {
-        self.slot.get().is_some()
-    }
-
-    fn bytes(&self) -> Option<&[u8]> {
-        self.slot.get().map(|k| k.as_slice())
-    }
 }
 
 impl std::fmt::Debug for TpmVerifier {
@@ -125,11 +58,6 @@ impl std::fmt::Debug for TpmVerifier {
             .finish_non_exhaustive()
     }
 }
-
-/// The challenge key is too short to be a secret.
-#[derive(Debug, thiserror::Error)]
-#[error("the tpm/v1 challenge key has {0} bytes; it needs at least {MIN_CHALLENGE_KEY} random bytes")]
-pub struct WeakChallengeKey(usize);
 
 impl TpmVerifier {
     /// A verifier deriving challenge secrets under `challenge_key` (the management-cluster
@@ -173,6 +101,32 @@ const UNCHECKED_MAC: &str = " (its mac is the signer's to check: explain holds n
 
 /// A refusal: reason and message.
 type Refusal = (DenyReason, String);
+
+/// Why a challenge annotation does not count.
+enum Unverified {
+    /// Malformed, expired or ahead: refused.
+    Refused(Refusal),
+    /// Its mac verifies under no key held: a forgery, or a challenge of a key the Secret holds
+    /// since this replica last read it.
+    UnknownKey,
+}
+
+impl Unverified {
+    /// The verdict on a CSR whose challenge did not count: refused, or (a key maybe rotated
+    /// since it was read before the CSR was first seen) held while the key is read again.
+    fn judge(self, keys: Option<&Keys>, evidence: &Evidence<'_>) -> Result<Verification, Refusal> {
+        match self {
+            Self::Refused(refusal) => Err(refusal),
+            Self::UnknownKey if keys.is_some_and(|k| k.may_be_stale(evidence.first_seen, evidence.now)) => Ok(Verification::NeedsCloud {
+                call: CloudCall::ReloadChallengeKey,
+                message: "tpm/v1: the challenge annotation's mac verifies under no challenge key this replica holds; reading the key again (it may have been rotated)".into(),
+            }),
+            Self::UnknownKey => Err(challenge_failed(
+                "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
+            )),
+        }
+    }
+}
 
 fn invalid(message: impl Into<String>) -> Refusal {
     (DenyReason::AttestationInvalid, message.into())
@@ -275,7 +229,7 @@ impl TpmVerifier {
 
     /// Phase 1 under the challenge key, or without it (`None`, explain): then nothing is issued
     /// and a challenge on the CSR is read without checking its mac.
-    fn phase_one(&self, key: Option<&[u8]>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    fn phase_one(&self, keys: Option<&Keys>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let attested = self.attest(evidence, data)?;
         if attested.quote.extra_data != sha256(&evidence.csr.spki_der) {
             return Err(invalid(
@@ -292,8 +246,11 @@ impl TpmVerifier {
         // race the node. A requester-made one only fails the requester (its secret is derived
         // under a key the requester does not have).
         if let Some(existing) = evidence.object.annotations.get(ANNOTATION_TPM_CHALLENGE) {
-            let issued_at = self.live_challenge(key, &evidence.object.uid, existing, evidence.now)?;
-            let unchecked = if key.is_none() { UNCHECKED_MAC } else { "" };
+            let (issued_at, _) = match self.live_challenge(keys, &evidence.object.uid, existing, evidence.now) {
+                Ok(live) => live,
+                Err(unverified) => return unverified.judge(keys, evidence),
+            };
+            let unchecked = if keys.is_none() { UNCHECKED_MAC } else { "" };
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
                 note: note(&format!(
@@ -304,14 +261,14 @@ impl TpmVerifier {
                 ek_sha256: Some(attested.ek_sha256),
             });
         }
-        let Some(key) = key else {
+        let Some(keys) = keys else {
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
                 note: note("no challenge on it yet: the signer issues one when it decides this CSR"),
                 ek_sha256: Some(attested.ek_sha256),
             });
         };
-        let pending = self.pending_for(key, evidence);
+        let pending = self.pending_for(keys, evidence);
         if pending >= MAX_PENDING_CHALLENGES {
             return Ok(Verification::Challenge {
                 annotations: BTreeMap::new(),
@@ -322,6 +279,8 @@ impl TpmVerifier {
             });
         }
         let issued_at = evidence.now.replace_nanosecond(0).unwrap_or(evidence.now);
+        // New challenges are written under the newest key only.
+        let key = keys.current();
         let secret = secret(key, evidence, evidence.object.uid.as_str(), &attested, issued_at);
         let credential = make_credential(&attested.ek, &attested.ak.name(), secret.as_slice())
             .map_err(|e| invalid(format!("MakeCredential for this EK: {e}")))?;
@@ -345,7 +304,7 @@ impl TpmVerifier {
 
     /// Phase 2 under the challenge key, or without it (`None`, explain): then everything but
     /// the answer itself is checked, and the answer is left to the signer.
-    fn phase_two(&self, key: Option<&[u8]>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
+    fn phase_two(&self, keys: Option<&Keys>, evidence: &Evidence<'_>, data: &TpmData) -> Result<Verification, Refusal> {
         let Some(reference) = &data.challenge else {
             return Err(invalid("phase 2 names no CSR #1"));
         };
@@ -383,7 +342,10 @@ impl TpmVerifier {
             .annotations
             .get(ANNOTATION_TPM_CHALLENGE)
             .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} carries no challenge", first.name)))?;
-        let issued_at = self.live_challenge(key, &first.uid, annotation, evidence.now)?;
+        let (issued_at, key) = match self.live_challenge(keys, &first.uid, annotation, evidence.now) {
+            Ok(live) => live,
+            Err(unverified) => return unverified.judge(keys, evidence),
+        };
 
         let attested = self.attest(evidence, data)?;
         let Some(key) = key else {
@@ -421,7 +383,7 @@ impl TpmVerifier {
     /// Live challenges this signer issued on other `tpm/v1` CSRs for this CSR's provider ID.
     /// Only authenticated ones count: anyone who can create a CSR can write the annotation, and
     /// counting those would let them use up another node's challenges.
-    fn pending_for(&self, key: &[u8], evidence: &Evidence<'_>) -> usize {
+    fn pending_for(&self, keys: &Keys, evidence: &Evidence<'_>) -> usize {
         let provider_id = |csr: &ParsedCsr| csr.provider_id_extensions().next().map(|e| e.value.clone());
         let ours = provider_id(evidence.csr);
         evidence
@@ -433,7 +395,7 @@ impl TpmVerifier {
                 other
                     .annotations
                     .get(ANNOTATION_TPM_CHALLENGE)
-                    .is_some_and(|a| self.live_challenge(Some(key), &other.uid, a, evidence.now).is_ok())
+                    .is_some_and(|a| self.live_challenge(Some(keys), &other.uid, a, evidence.now).is_ok())
             })
             .filter(|other| {
                 RequestEnvelope::parse(&other.request)
@@ -444,38 +406,47 @@ impl TpmVerifier {
             .count()
     }
 
-    /// Reads the challenge annotation of CSR `csr_uid`, checks its mac is this signer's (unless
-    /// the key is withheld), and returns its `issuedAt` when it is neither expired nor ahead.
-    fn live_challenge(
+    /// Reads the challenge annotation of CSR `csr_uid`, checks its mac is this signer's under one
+    /// of its keys (unless the keys are withheld), and returns its `issuedAt`, and the key it
+    /// was written under, when it is neither expired nor ahead.
+    fn live_challenge<'k>(
         &self,
-        key: Option<&[u8]>,
+        keys: Option<&'k Keys>,
         csr_uid: &str,
         annotation: &str,
         now: OffsetDateTime,
-    ) -> Result<OffsetDateTime, Refusal> {
-        let parsed: ChallengeAnnotation = serde_json::from_str(annotation)
-            .map_err(|e| challenge_failed(format!("the challenge annotation is not this signer's: {e}")))?;
-        if key.is_some_and(|key| !parsed.is_authentic(key, csr_uid)) {
-            return Err(challenge_failed(
-                "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
-            ));
-        }
-        let issued_at = OffsetDateTime::parse(&parsed.issued_at, &Rfc3339)
-            .map_err(|e| challenge_failed(format!("the challenge's issuedAt does not parse: {e}")))?;
+    ) -> Result<(OffsetDateTime, Option<&'k [u8]>), Unverified> {
+        let parsed: ChallengeAnnotation = serde_json::from_str(annotation).map_err(|e| {
+            Unverified::Refused(challenge_failed(format!(
+                "the challenge annotation is not this signer's: {e}"
+            )))
+        })?;
+        let issued_at = OffsetDateTime::parse(&parsed.issued_at, &Rfc3339).map_err(|e| {
+            Unverified::Refused(challenge_failed(format!(
+                "the challenge's issuedAt does not parse: {e}"
+            )))
+        })?;
+        let key = match keys {
+            Some(keys) => Some(
+                keys.find(issued_at, |key| parsed.is_authentic(key, csr_uid))
+                    .ok_or(Unverified::UnknownKey)?,
+            ),
+            None => None,
+        };
         if issued_at > now + CLOCK_SKEW {
-            return Err(challenge_failed(format!(
+            return Err(Unverified::Refused(challenge_failed(format!(
                 "the challenge was issued at {}, in the future: not this signer's",
                 parsed.issued_at
-            )));
+            ))));
         }
         if now - issued_at > self.challenge_ttl {
-            return Err(challenge_failed(format!(
+            return Err(Unverified::Refused(challenge_failed(format!(
                 "the challenge issued at {} expired after {}s unanswered; start again from phase 1",
                 parsed.issued_at,
                 self.challenge_ttl.whole_seconds()
-            )));
+            ))));
         }
-        Ok(issued_at)
+        Ok((issued_at, key))
     }
 }
 
@@ -588,9 +559,9 @@ impl Verifier for TpmVerifier {
     }
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
-        let key = match self.challenge_key.bytes() {
-            Some(key) => Some(key),
-            None if self.challenge_key.withheld => None,
+        let keys = match self.challenge_key.keys() {
+            Some(keys) => Some(keys),
+            None if self.challenge_key.is_withheld() => None,
             None => {
                 return Verification::Pending {
                     message: "the signer has not loaded its tpm/v1 challenge key yet (see the signer's log and the Cluster's Events)"
@@ -603,8 +574,8 @@ impl Verifier for TpmVerifier {
             Some(bytes) => TpmData::parse(bytes)
                 .map_err(|e| invalid(e.to_string()))
                 .and_then(|data| match data.phase {
-                    1 => self.phase_one(key, evidence, &data),
-                    _ => self.phase_two(key, evidence, &data),
+                    1 => self.phase_one(keys.as_ref(), evidence, &data),
+                    _ => self.phase_two(keys.as_ref(), evidence, &data),
                 }),
         };
         outcome.unwrap_or_else(|(reason, message)| Verification::Failed { reason, message })

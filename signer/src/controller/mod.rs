@@ -198,11 +198,9 @@ async fn serve(args: &RunArgs) -> Result<()> {
         &args.leader_election_namespace,
         &args.tpm_challenge_key_secret,
     ));
-    // Loaded ahead of the first tpm/v1 CSR when it can be; a failure only holds tpm/v1 CSRs.
-    tokio::spawn({
-        let loader = Arc::clone(&challenge_key);
-        async move { loader.ensure().await }
-    });
+    // Followed from the start: a failure only holds tpm/v1 CSRs, and a rotation reaches every
+    // replica within a period.
+    tokio::spawn(Arc::clone(&challenge_key).follow());
     let cloud = Arc::new(crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?);
     tokio::spawn(Arc::clone(&cloud).keep_keys_current());
     let verifiers = crate::verifiers::all(

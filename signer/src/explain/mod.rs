@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use attestation::attestor::Verifiers;
 use attestation::decision::Decision;
-use attestation::tpm::verifier::ChallengeKey;
+use attestation::tpm::challenge_key::ChallengeKey;
 use attestation::{Clock, Inputs};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use time::OffsetDateTime;

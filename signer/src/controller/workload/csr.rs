@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use attestation::cloud::CloudCall;
 use attestation::decision::{DenyReason, Outcome};
 use attestation::machine::ClusterView;
 use attestation::{Clock, CsrObject, Inputs};
@@ -122,8 +123,12 @@ impl Worker {
             return Answer::Idle;
         };
         if !decision.cloud_calls.is_empty() {
-            // A cloud verifier needs Google's keys or STS's answer: ask, then decide once more
-            // (a second miss waits for the retry, like any transient gap).
+            // A cloud verifier needs Google's keys or STS's answer, or the tpm/v1 verifier the
+            // challenge key read again: ask, then decide once more (a second miss waits for the
+            // retry, like any transient gap).
+            if decision.cloud_calls.contains(&CloudCall::ReloadChallengeKey) {
+                self.shared.challenge_key.reread().await;
+            }
             self.shared.cloud.make(&decision.cloud_calls).await;
             let Some(again) = self.decide(&object, &cluster, &inventory, clock).await else {
                 return Answer::Idle;
