@@ -2,7 +2,9 @@
 //! cannot create the `tpm/v1` challenge key Secret), on a real kube-apiserver
 //! (`KUBEBUILDER_ASSETS`): it starts, serves `insecure/v1` CSRs, holds `tpm/v1` CSRs with a
 //! Warning Event on the Cluster and a log line saying what to do, and judges them once the
-//! namespace exists.
+//! namespace exists. A real Prometheus (Debian `prometheus`) with the shipped alerts watches it:
+//! `NodeAttestationTpmChallengeKeyUnavailable` fires while the key cannot be created and clears
+//! once the namespace exists, with no `tpm/v1` CSR left to make the signer try again.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +16,7 @@ use serde_json::{Value, json};
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
+use tests::prometheus::{Prometheus, shipped_rules};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -45,7 +48,7 @@ fn cluster_events(w: &Workload, reason: &str) -> Vec<(String, String)> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+#[ignore = "needs KUBEBUILDER_ASSETS and promtool: a real kube-apiserver, etcd and Prometheus"]
 async fn a_signer_without_its_namespace_serves_insecure_clusters_and_holds_tpm_csrs_until_it_exists() {
     let env = Envtest::start("envtest_challenge_key");
     env.install_capi_crds();
@@ -96,13 +99,31 @@ async fn a_signer_without_its_namespace_serves_insecure_clusters_and_holds_tpm_c
     );
     assert!(signer.alive(), "{}", signer.log());
 
-    // Once the namespace exists the key is created and the CSR is judged.
+    // The critical alert fires.
+    let dir = tempfile::tempdir().unwrap();
+    let target = signer
+        .metrics_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .to_owned();
+    let prometheus = Prometheus::start(dir.path(), &target, &shipped_rules("5s"));
+    const KEY_ALERT: &str = "NodeAttestationTpmChallengeKeyUnavailable";
+    prometheus.wait_alert(KEY_ALERT, "firing", &[], WAIT);
+
+    // The held CSR goes away (nothing left for the signer to judge), then the runbook's fix:
+    // the namespace. The key is created on the signer's own next read and the alert clears.
+    let deleted = w.env.kubectl(&["delete", "csr", "tpm-1"]);
+    assert!(deleted.status.success(), "{}", String::from_utf8_lossy(&deleted.stderr));
     apply(
         &management,
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": HOME}}),
     )
     .await;
-    let judged = wait_final(&w.admin, "tpm-1", false, WAIT).await;
+    prometheus.wait_alert(KEY_ALERT, "", &[], WAIT);
+
+    // A tpm/v1 CSR filed now is judged.
+    file_csr(&w.bootstrap, "tpm-2", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
+    let judged = wait_final(&w.admin, "tpm-2", false, WAIT).await;
     assert_eq!(
         judged.reason(),
         Some("AttestationInvalid"),
