@@ -35,6 +35,10 @@ enum Command {
     /// was judged against, and the Events written; or, with --pending, every CSR still waiting
     /// or refused. Exit 0 when explained, 2 when it could not be.
     Explain(Box<explain::ExplainArgs>),
+    /// Print a Role and RoleBinding letting the given people run explain for the given Clusters
+    /// of one namespace: `get` on exactly their `<cluster>-kubeconfig` Secrets, never another
+    /// Secret (apply it with `kubectl apply -f -`).
+    ExplainRbac(explain::rbac::ExplainRbacArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,7 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Run(args) => controller::run(args).map(|()| true),
         Command::Explain(args) => explain::run(args).map(|()| true),
+        Command::ExplainRbac(args) => explain::rbac::run(args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

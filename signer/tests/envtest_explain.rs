@@ -41,13 +41,40 @@ async fn explainer(w: &Workload, user: &str, kubeconfigs: bool) -> PathBuf {
     )
     .await;
     if kubeconfigs {
-        apply(
-            &w.admin,
-            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": user, "namespace": w.namespace},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-attestation-explain-kubeconfigs"},
-                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}),
-        )
-        .await;
+        // The least privilege explain-rbac prints: get on this Cluster's kubeconfig Secret only.
+        let out = Command::new(SIGNER_BIN)
+            .args([
+                "explain-rbac",
+                "--namespace",
+                &w.namespace,
+                "--cluster",
+                &w.cluster,
+                "--user",
+                user,
+            ])
+            .args(["--name", &format!("{user}-kubeconfigs")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        tests::live::apply_yaml(&w.admin, &String::from_utf8_lossy(&out.stdout)).await;
+        let can = |secret: &str| {
+            let out = w.env.kubectl(&[
+                "auth",
+                "can-i",
+                "get",
+                &format!("secret/{secret}"),
+                "-n",
+                &w.namespace,
+                "--as",
+                user,
+            ]);
+            String::from_utf8_lossy(&out.stdout).trim() == "yes"
+        };
+        assert!(
+            can(&format!("{}-kubeconfig", w.cluster)),
+            "{user} reads the kubeconfig Secret"
+        );
+        assert!(!can(&format!("{}-ca", w.cluster)), "{user} never reads the CA Secret");
     }
     let (cert, key) = w.env.client_certificate(user, &[]);
     w.env.kubeconfig_for_certificate(user, &cert, &key)

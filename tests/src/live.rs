@@ -106,7 +106,12 @@ pub async fn get(client: &Client, object: &Value) -> Value {
 /// Applies every document of a YAML file in the repository.
 pub async fn apply_file(client: &Client, path: &str) {
     let text = std::fs::read_to_string(crate::repo_root().join(path)).expect("manifest");
-    for document in serde_yaml::Deserializer::from_str(&text) {
+    apply_yaml(client, &text).await;
+}
+
+/// Server-side applies every object of a YAML stream.
+pub async fn apply_yaml(client: &Client, text: &str) {
+    for document in serde_yaml::Deserializer::from_str(text) {
         let object: Value = serde::Deserialize::deserialize(document).expect("YAML");
         if !object.is_null() {
             apply(client, &object).await;

@@ -6,6 +6,8 @@
 //!   kubeconfig Secret, or `--workload-kubeconfig`) the workload cluster's CSRs and Nodes.
 //! - [`report`]: the pure part: which CSR a question is about, what is recorded on it, what it
 //!   was judged against, for people or as JSON.
+//! - [`rbac`]: `explain-rbac`, the least privilege explain needs for a namespace's kubeconfig
+//!   Secrets.
 //!
 //! The decision is the rule engine's, on the same views and verifiers the controller uses, with
 //! the CSR's creation as its first sight. The `tpm/v1` challenge key is never read (whoever
@@ -13,6 +15,7 @@
 //! checked for without it, and says what only the signer can check.
 
 pub mod gather;
+pub mod rbac;
 pub mod report;
 
 use std::path::PathBuf;
