@@ -14,6 +14,7 @@ pub mod live;
 pub mod moto;
 pub mod pkcs10;
 pub mod prometheus;
+pub mod proxy;
 pub mod real_ek;
 pub mod stats;
 pub mod strict_der;

@@ -420,7 +420,7 @@ impl Signer {
     }
 
     /// Applies the management RBAC and returns a kubeconfig of the management ServiceAccount.
-    async fn management_identity(management: &Envtest) -> PathBuf {
+    pub async fn management_identity(management: &Envtest) -> PathBuf {
         let admin = client(&management.admin_kubeconfig).await;
         apply(
             &admin,

@@ -12,6 +12,7 @@ use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use zeroize::Zeroizing;
 
+use crate::controller::management::ApplyError;
 use crate::controller::workload::Shared;
 
 /// What a Cluster's Secrets gave.
@@ -55,6 +56,21 @@ enum OwnRead {
         why: String,
         ca_fingerprint: Option<[u8; 32]>,
     },
+    /// The management apiserver did not answer: nothing is known of the Secrets now, so a
+    /// running worker keeps the ones it runs on (its approvals need the management cluster
+    /// anyway, and its denials are confirmed there: `management::fresh`).
+    Unreachable { why: String },
+}
+
+/// A CA fingerprint read for the shared-CA comparison.
+type CaRead = Result<Option<[u8; 32]>, SecretError>;
+
+/// Why a Secret could not be had.
+enum SecretError {
+    /// It is not there, or not readable by the signer: the Secrets are unusable.
+    Unusable(String),
+    /// The apiserver did not answer (connection, timeout, 429, 5xx): try again soon.
+    Unreachable(String),
 }
 
 /// When a Cluster read now is read again: `period` after now, less up to a quarter chosen by its
@@ -119,7 +135,7 @@ impl SecretReads {
             .buffer_unordered(SECRET_READS_AT_ONCE)
             .collect()
             .await;
-        let other_reads: Vec<(ClusterView, Option<[u8; 32]>)> = futures::stream::iter(others_due)
+        let other_reads: Vec<(ClusterView, CaRead)> = futures::stream::iter(others_due)
             .map(|cluster| async move {
                 let fingerprint = this.read_ca_fingerprint(&cluster).await;
                 (cluster, fingerprint)
@@ -152,6 +168,13 @@ impl SecretReads {
                     )
                 }
                 OwnRead::Invalid { why, ca_fingerprint } => (ca_fingerprint, Err(why), now + settings.resync),
+                OwnRead::Unreachable { why } => match running(&k) {
+                    Some(digest) => {
+                        tracing::warn!(cluster = %k, "{why}; its worker keeps the Secrets it runs on");
+                        (previous, Ok(digest), now + settings.resync)
+                    }
+                    None => (previous, Err(why), now + settings.resync),
+                },
             };
             self.known.insert(
                 k,
@@ -164,7 +187,14 @@ impl SecretReads {
             );
         }
         for (cluster, ca_fingerprint) in other_reads {
-            let due = next_read(now, settings.secret_resync, &cluster.uid);
+            let (ca_fingerprint, due) = match ca_fingerprint {
+                Ok(fingerprint) => (fingerprint, next_read(now, settings.secret_resync, &cluster.uid)),
+                // Not answered: what was known stands until the next read.
+                Err(_) => (
+                    self.known.get(&cluster.key()).and_then(|known| known.ca_fingerprint),
+                    now + settings.resync,
+                ),
+            };
             self.known.insert(
                 cluster.key(),
                 Known {
@@ -183,19 +213,30 @@ impl SecretReads {
         &self,
         cluster: &ClusterView,
         name: &str,
-    ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, String> {
-        self.shared
-            .management
-            .secret(&cluster.namespace, name)
-            .await
-            .map_err(|e| format!("cannot read Secret {name}: {e}"))?
-            .ok_or_else(|| format!("Secret {name} is missing"))
+    ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, SecretError> {
+        match self.shared.management.secret(&cluster.namespace, name).await {
+            Ok(Some(data)) => Ok(data),
+            Ok(None) => Err(SecretError::Unusable(format!("Secret {name} is missing"))),
+            Err(e) => {
+                let why = format!("cannot read Secret {name}: {e}");
+                Err(match ApplyError::from_kube(e) {
+                    ApplyError::Overloaded(_) => SecretError::Unreachable(why),
+                    _ => SecretError::Unusable(why),
+                })
+            }
+        }
     }
 
     /// The fingerprint of the CA certificate in `<cluster>-ca`, `None` when there is none.
-    async fn read_ca_fingerprint(&self, cluster: &ClusterView) -> Option<[u8; 32]> {
-        let data = self.secret(cluster, &format!("{}-ca", cluster.name)).await.ok()?;
-        ClusterCa::certificate_fingerprint(&data.get("tls.crt")?.0).ok()
+    async fn read_ca_fingerprint(&self, cluster: &ClusterView) -> Result<Option<[u8; 32]>, SecretError> {
+        let data = match self.secret(cluster, &format!("{}-ca", cluster.name)).await {
+            Ok(data) => data,
+            Err(SecretError::Unusable(_)) => return Ok(None),
+            Err(unreachable) => return Err(unreachable),
+        };
+        Ok(data
+            .get("tls.crt")
+            .and_then(|c| ClusterCa::certificate_fingerprint(&c.0).ok()))
     }
 
     /// Reads a served Cluster's `<cluster>-kubeconfig` and `<cluster>-ca`; parses them and
@@ -206,6 +247,14 @@ impl SecretReads {
         let ca_name = format!("{}-ca", cluster.name);
         let (kubeconfig, ca_data) =
             tokio::join!(self.secret(cluster, &kubeconfig_name), self.secret(cluster, &ca_name));
+        for read in [&kubeconfig, &ca_data] {
+            if let Err(SecretError::Unreachable(why)) = read {
+                return OwnRead::Unreachable { why: why.clone() };
+            }
+        }
+        let kubeconfig = kubeconfig.map_err(|e| match e {
+            SecretError::Unusable(why) | SecretError::Unreachable(why) => why,
+        });
         let field = |data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>, name: &str| {
             Zeroizing::new(data.get(name).map(|b| b.0.clone()).unwrap_or_default())
         };

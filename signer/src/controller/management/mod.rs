@@ -10,7 +10,8 @@
 //! all the Clusters gained there in one pass) before the worker decides anything for it.
 //!
 //! - [`feed`]: the watches; [`store`]: the served Clusters' views (pure); [`view_page`] and
-//!   [`lean`]: reading LIST pages and objects without their managed fields.
+//!   [`lean`]: reading LIST pages and objects without their managed fields; [`fresh`]: reads
+//!   that confirm the cache before a final denial.
 //!
 //! This room owns every request to the management cluster but the Leases (the fleet's
 //! membership) and Events. It answers what the cache holds and writes claims; it never decides a
@@ -18,6 +19,7 @@
 //! fleet tells it ([`Management::serve`]).
 
 pub mod feed;
+pub mod fresh;
 pub mod lean;
 pub mod store;
 pub mod view_page;
@@ -220,6 +222,8 @@ pub struct Management {
     machine_resource: ApiResource,
     pool_resource: Option<ApiResource>,
     config_resource: Option<ApiResource>,
+    /// The last fresh read of each Cluster with recent denials.
+    fresh: fresh::FreshReads,
 }
 
 /// Namespace LISTs of gained Clusters at once.
@@ -257,6 +261,7 @@ impl Management {
             machine_resource,
             pool_resource,
             config_resource,
+            fresh: fresh::FreshReads::default(),
             client: client.clone(),
         });
         for kind in Kind::ALL {
@@ -447,6 +452,63 @@ impl Management {
     /// decide nothing for it yet).
     pub fn inventory(&self, cluster: &ClusterView) -> Option<Inventory> {
         read(&self.shard).inventory(&cluster.namespace, &cluster.name)
+    }
+
+    /// The Cluster's Machines, MachinePools and KubeadmConfigs read from the apiserver (not the
+    /// cache) at or after `not_before`, to confirm a final denial ([`fresh`]).
+    pub async fn fresh_inventory(
+        &self,
+        cluster: &ClusterView,
+        not_before: time::OffsetDateTime,
+    ) -> Result<Arc<Inventory>, ApplyError> {
+        self.fresh
+            .at_least_as_new(&cluster.key(), not_before, self.read_inventory(cluster))
+            .await
+            .map_err(ApplyError::from_kube)
+    }
+
+    /// Reads the Cluster's objects from its namespace, page by page, as the fills do.
+    async fn read_inventory(&self, cluster: &ClusterView) -> Result<Inventory, kube::Error> {
+        let ours = |name: &Arc<str>| **name == *cluster.name;
+        let mut inventory = Inventory::default();
+        for_each_page(
+            &self.client,
+            &self.machine_resource,
+            &cluster.namespace,
+            |page: Vec<Listed<MachineView>>| {
+                let page = page.into_iter().filter(|(_, m)| ours(&m.cluster_name));
+                inventory.machines.extend(page.map(|(_, m)| Arc::new(m)));
+            },
+        )
+        .await?;
+        if let Some(resource) = &self.pool_resource {
+            for_each_page(
+                &self.client,
+                resource,
+                &cluster.namespace,
+                |page: Vec<Listed<MachinePoolView>>| {
+                    let page = page.into_iter().filter(|(_, p)| ours(&p.cluster_name));
+                    inventory.pools.extend(page.map(|(_, p)| Arc::new(p)));
+                },
+            )
+            .await?;
+        }
+        if let Some(resource) = &self.config_resource {
+            for_each_page(
+                &self.client,
+                resource,
+                &cluster.namespace,
+                |page: Vec<Listed<KubeadmConfigView>>| {
+                    // Labeled for this Cluster, or unlabeled (the namespace's), as the cache keeps them.
+                    let page = page
+                        .into_iter()
+                        .filter(|(_, k)| k.cluster_name.as_ref().is_none_or(ours));
+                    inventory.kubeadm_configs.extend(page.map(|(_, k)| Arc::new(k)));
+                },
+            )
+            .await?;
+        }
+        Ok(inventory)
     }
 
     /// Whether the Cluster's objects are listed.

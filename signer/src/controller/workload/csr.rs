@@ -135,6 +135,37 @@ impl Worker {
             };
             decision = again;
         }
+        if let Some(reason) = denied_on_management_state(&decision) {
+            // Final, and resting on what the cache holds of the Cluster's Machines: decided
+            // again on a fresh read of them first (management::fresh). A cache that is behind,
+            // or a management apiserver out of reach, makes it wait, never a wrong denial.
+            let fresh = match self.shared.management.fresh_inventory(&cluster, first_seen).await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    let why = format!("cannot confirm the {reason} denial against the management cluster: {e}");
+                    tracing::warn!("{why}; the CSR waits");
+                    self.count(&csr, "Retry", "Pending");
+                    self.retry(&csr, &why);
+                    return if e.is_overload() {
+                        Answer::Overloaded
+                    } else {
+                        Answer::Idle
+                    };
+                }
+            };
+            let Some(again) = self.decide(&object, &cluster, &fresh, clock).await else {
+                return Answer::Idle;
+            };
+            if !matches!(again.outcome, Outcome::Denied { .. }) {
+                tracing::info!(
+                    cached = %reason,
+                    "the management cache was behind the apiserver; deciding again when it catches up"
+                );
+                self.queue.push_after(name.to_owned(), UNLISTED_RETRY);
+                return Answer::Answered;
+            }
+            decision = again;
+        }
         if let Some(target) = &decision.target {
             tracing::Span::current().record("machine", tracing::field::display(&target.name));
         }
@@ -194,5 +225,26 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// The reason of a denial by a rule that reads the Cluster's Machines, MachinePools or
+/// KubeadmConfigs (rules 7, 9, 10, 11), which the cache may hold stale or not yet.
+fn denied_on_management_state(decision: &attestation::Decision) -> Option<DenyReason> {
+    match &decision.outcome {
+        Outcome::Denied { reason, .. }
+            if matches!(
+                reason,
+                DenyReason::RequesterNotAllowed
+                    | DenyReason::MachineNotFound
+                    | DenyReason::MachineNotReady
+                    | DenyReason::NodeNameMismatch
+                    | DenyReason::NodeAlreadyRegistered
+                    | DenyReason::MachineAlreadyClaimed
+            ) =>
+        {
+            Some(*reason)
+        }
+        _ => None,
     }
 }
