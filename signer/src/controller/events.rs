@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use attestation::machine::ClusterView;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
@@ -294,6 +294,50 @@ pub fn cluster_reference(cluster: &ClusterView) -> ObjectReference {
         namespace: Some(cluster.namespace.clone()),
         uid: Some(cluster.uid.clone()),
         ..ObjectReference::default()
+    }
+}
+
+/// A fact recorded by one Event at most: the Event's name is the fact's.
+pub struct Once {
+    /// The Event's name (a DNS subdomain unique to the fact).
+    pub name: String,
+    /// What it is about; the Event lives in its namespace.
+    pub regarding: ObjectReference,
+    /// `reason`.
+    pub reason: &'static str,
+    /// `action`.
+    pub action: &'static str,
+    /// `note`, at most 1 KiB ([`note`]).
+    pub note: String,
+}
+
+/// Creates `once`'s Event unless it exists, at once (not through the [`EventSink`]: the caller
+/// acts only on what this call created); true when it created it.
+pub async fn record_once(client: &kube::Client, reporter: &Reporter, once: &Once) -> Result<bool, kube::Error> {
+    use k8s_openapi::api::events::v1::Event as EventV1;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let namespace = once.regarding.namespace.clone().unwrap_or_else(|| "default".to_owned());
+    let event = EventV1 {
+        metadata: ObjectMeta {
+            name: Some(once.name.clone()),
+            namespace: Some(namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        action: Some(once.action.to_owned()),
+        reason: Some(once.reason.to_owned()),
+        note: Some(once.note.clone()),
+        regarding: Some(once.regarding.clone()),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(reporter.instance.clone().unwrap_or_else(|| reporter.controller.clone())),
+        type_: Some("Normal".to_owned()),
+        ..EventV1::default()
+    };
+    let api: kube::Api<EventV1> = kube::Api::namespaced(client.clone(), &namespace);
+    match api.create(&kube::api::PostParams::default(), &event).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -215,18 +215,17 @@ async fn serve(args: &RunArgs) -> Result<()> {
         cloud.sts.clone(),
     )?;
     let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: "node-attestation-signer".to_owned(),
-            instance: Some(identity),
-        },
-    );
+    let reporter = Reporter {
+        controller: "node-attestation-signer".to_owned(),
+        instance: Some(identity),
+    };
+    let recorder = Recorder::new(client, reporter.clone());
     let shared = Arc::new(workload::Shared {
         management,
         metrics: metrics.clone(),
         events: events::EventSink::start(recorder.clone(), events::Budget::default(), metrics.event_outcomes()),
         recorder,
+        reporter,
         in_flight: workload::inflight::InFlight::new(workload::inflight::Tuning::default(), metrics.in_flight_gauges()),
         verifiers,
         challenge_key,

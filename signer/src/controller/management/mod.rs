@@ -511,6 +511,11 @@ impl Management {
         Ok(inventory)
     }
 
+    /// The management cluster's client (Events written at once).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Whether the Cluster's objects are listed.
     pub fn listed(&self, cluster: &ClusterView) -> bool {
         read(&self.shard).listed(&cluster.namespace, &cluster.name)

@@ -21,6 +21,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use time::OffsetDateTime;
 
+use super::record;
 use super::worker::Worker;
 use crate::controller::management::ApplyError;
 use crate::csr_object::{Stage, stage};
@@ -131,37 +132,19 @@ impl Worker {
         current.status.get_or_insert_default().certificate =
             Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
         self.put_csr("status", &name, &current).await?;
-        if let Some(created) = object.created {
-            self.shared
-                .metrics
-                .issued_after((OffsetDateTime::now_utc() - created).as_seconds_f64());
-        }
-        // A bootstrap-token requester joins; the node itself renews (rule 7).
-        let kind = if object.username.starts_with(attestation::names::BOOTSTRAP_USER_PREFIX) {
-            "join"
-        } else {
-            "renewal"
-        };
-        self.shared.metrics.issued(&self.key, kind);
-        tracing::info!(
-            reason,
-            claimed_now,
-            not_after = %certificate.not_after,
-            "approved and signed"
-        );
         self.mark_finished(csr);
+        let signed = record::Signed {
+            regarding: self.target_reference(target),
+            reason,
+            message,
+            not_after: certificate.not_after.to_string(),
+            claimed_now,
+            created: object.created,
+        };
+        self.record_issuance(&current, Some(signed)).await;
         if let Some(earlier) = &decision.supersedes {
             self.supersede(earlier, &name, decision).await;
         }
-        self.event(
-            decision,
-            EventType::Normal,
-            "CertificateIssued",
-            &format!(
-                "CSR {name} approved and signed until {}: {message}",
-                certificate.not_after
-            ),
-        );
         Ok(())
     }
 

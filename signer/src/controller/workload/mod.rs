@@ -4,7 +4,8 @@
 //! - [`worker`]: the [`Worker`] type, what it holds, and the helpers every step uses.
 //! - [`watch`]: watching and queueing the cluster's CSRs.
 //! - [`csr`]: what happens to one CSR: inputs fetched, the rule engine's decision taken.
-//! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge).
+//! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge);
+//!   [`record`]: each certificate written recorded once, whoever finishes the work.
 //! - [`duties`]: the cluster's duties that are not CSR decisions (kubeadm's bindings).
 //! - [`nodes`]: the cluster's Nodes by name and provider ID; [`queue`]: its bounded queue;
 //!   [`inflight`]: the fleet's slots for CSRs in flight; [`shared`]: what every worker shares.
@@ -21,6 +22,7 @@ pub mod duties;
 pub mod inflight;
 pub mod nodes;
 pub mod queue;
+pub mod record;
 pub mod shared;
 pub mod watch;
 pub mod worker;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use attestation::attestor::Verifiers;
-use kube::runtime::events::Recorder;
+use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::Semaphore;
 
 use super::inflight::InFlight;
@@ -45,6 +45,8 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Events in the management cluster written at once (cluster duties of the fleet).
     pub recorder: Recorder,
+    /// Who writes the Events (this replica), for those written without the recorder.
+    pub reporter: Reporter,
     /// Events of decisions and cluster duties: queued, rate-limited, folded under load.
     pub events: EventSink,
     /// The fleet's slots for CSRs in flight, adapted to how the apiservers answer.
