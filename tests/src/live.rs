@@ -443,7 +443,9 @@ impl Signer {
         )
     }
 
-    fn spawn_with(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {
+    /// Starts the signer with `kubeconfig` as its management identity and `tuning` then `extra`
+    /// as flags (`tuning` empty: every flag at its default unless `extra` sets it).
+    pub fn spawn_with(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {
         let (metrics, health) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "run".into(),

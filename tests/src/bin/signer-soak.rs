@@ -16,10 +16,17 @@
 //! Lease duration + 5 s. Exits non-zero when anything was lost, double-signed or wrongly
 //! denied.
 //!
+//! With `--cut-every`, each replica reaches the management apiserver through a proxy of its own
+//! (its workload clusters stay reachable), and every `--cut-every` a random replica's is cut for
+//! `--cut-for`: during each cut a Machine is created in one of its loaded clusters and its join
+//! filed a second later, which the cut replica's cache cannot hold. Those joins count like any:
+//! one denied from the stale cache is WRONGLY DENIED.
+//!
 //! ```sh
 //! cargo build --release -p signer -p tests --bin signer-soak --bin node-attestation-signer
 //! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-soak                      # 10,000 CSRs over 10 min
 //! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-soak --csrs 600 --duration 90s --kill-every 30s
+//! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-soak --csrs 600 --duration 90s --kill-every 40s --cut-every 15s
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -41,6 +48,7 @@ use serde_json::{Value, json};
 use tests::csr::RequestSpec;
 use tests::envtest::{Envtest, SharedEtcd};
 use tests::live::{self, Final, Signer, Workload, file_csr, metric};
+use tests::proxy::Proxy;
 use tests::stats::{mib, percentile, proc_status_kib, secs};
 
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -72,6 +80,13 @@ struct Args {
     /// A killed replica stays down a random 0 to this long before it is restarted.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     down_for: Duration,
+    /// Cut a random replica's connection to the management apiserver this often (`0s`: never;
+    /// then the replicas connect to it directly).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    cut_every: Duration,
+    /// How long each cut lasts (under the Lease duration: the replica keeps its share).
+    #[arg(long, default_value = "6s", value_parser = parse_duration)]
+    cut_for: Duration,
     /// The window after each kill whose joins count as "around the kill".
     #[arg(long, default_value = "20s", value_parser = parse_duration)]
     around: Duration,
@@ -313,8 +328,26 @@ impl World {
             .to_vec();
             flags.extend(args.signer_flags.iter().cloned());
             let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-            let signer = Signer::start_with_defaults(&binary, &self.management, &flags).await;
-            self.replicas.push(Replica::new(name, signer));
+            let (signer, proxy) = if args.cut_every.is_zero() {
+                (
+                    Signer::start_with_defaults(&binary, &self.management, &flags).await,
+                    None,
+                )
+            } else {
+                // Its own way to the management apiserver, which the chaos can cut.
+                let direct = Signer::management_identity(&self.management).await;
+                let server: std::net::SocketAddr =
+                    self.management.server.trim_start_matches("https://").parse().unwrap();
+                let proxy = Proxy::start(server);
+                let kubeconfig = self.management.dir().join(format!("replica-{name}.kubeconfig"));
+                let text = std::fs::read_to_string(&direct).unwrap();
+                std::fs::write(&kubeconfig, text.replace(&self.management.server, &proxy.url())).unwrap();
+                let signer = Signer::spawn_with(&binary, &self.management, &kubeconfig, &[], &flags);
+                (signer, Some(proxy))
+            };
+            let mut replica = Replica::new(name, signer);
+            replica.proxy = proxy;
+            self.replicas.push(replica);
         }
         self.wait_shared().await;
     }
@@ -453,6 +486,8 @@ fn member(replica: &str) -> String {
 struct Replica {
     name: String,
     signer: Signer,
+    /// Its way to the management apiserver, with `--cut-every`.
+    proxy: Option<Proxy>,
     /// Highest `VmHWM` of any incarnation.
     peak_kib: u64,
     incarnations: usize,
@@ -465,6 +500,7 @@ impl Replica {
         Self {
             name,
             signer,
+            proxy: None,
             peak_kib: 0,
             incarnations: 1,
             crashes: 0,
@@ -863,10 +899,27 @@ struct Kill {
     loaded: Vec<usize>,
 }
 
+/// One cut of a replica's management connection.
+struct Cut {
+    replica: String,
+    /// The join filed during it, if the replica served a loaded cluster then.
+    join: Option<Key>,
+}
+
+/// What the chaos needs to file a join during a cut.
+struct CutJoins<'a> {
+    admin: Client,
+    loaded: &'a [Workload],
+    ledger: &'a Shared,
+}
+
 struct Chaos {
     replicas: Vec<Replica>,
     log: ShardLog,
     kills: Vec<Kill>,
+    cuts: Vec<Cut>,
+    /// The replica cut now and when its connection comes back.
+    restore: Option<(usize, Instant)>,
     rng: Rng,
     loaded: usize,
     restart: Option<(usize, Instant)>,
@@ -875,11 +928,38 @@ struct Chaos {
 }
 
 impl Chaos {
-    /// Kills every `kill_every` until `filing_ends`, then keeps sampling until `stop` says so.
-    async fn run(&mut self, args: &Args, start: Instant, filing_ends: Instant, stop: &Mutex<bool>) {
+    /// Kills every `kill_every` (and cuts every `cut_every`) until `filing_ends`, then keeps
+    /// sampling until `stop` says so.
+    async fn run(
+        &mut self,
+        args: &Args,
+        start: Instant,
+        filing_ends: Instant,
+        stop: &Mutex<bool>,
+        joins: &CutJoins<'_>,
+    ) {
         let mut next_kill = (!args.kill_every.is_zero()).then(|| start + args.kill_every);
+        let mut next_cut = (!args.cut_every.is_zero()).then(|| start + args.cut_every / 2);
         while !*stop.lock().unwrap() {
             self.tick();
+            if let Some((index, at)) = self.restore
+                && Instant::now() >= at
+            {
+                if let Some(proxy) = &self.replicas[index].proxy {
+                    proxy.restore();
+                }
+                eprintln!(
+                    "management connection of replica {} restored",
+                    self.replicas[index].name
+                );
+                self.restore = None;
+            }
+            if let Some(at) = next_cut.filter(|at| Instant::now() >= *at) {
+                if at < filing_ends && self.restore.is_none() {
+                    self.cut_one(args, joins).await;
+                }
+                next_cut = Some(at + args.cut_every);
+            }
             if let Some((index, at)) = self.restart
                 && Instant::now() >= at
             {
@@ -897,7 +977,57 @@ impl Chaos {
         if let Some((index, _)) = self.restart.take() {
             self.replicas[index].restart();
         }
+        if let Some((index, _)) = self.restore.take()
+            && let Some(proxy) = &self.replicas[index].proxy
+        {
+            proxy.restore();
+        }
         self.tick();
+    }
+
+    /// Cuts a random live replica's management connection for `--cut-for`; meanwhile creates a
+    /// Machine in one of its loaded clusters and files its join a second later.
+    async fn cut_one(&mut self, args: &Args, joins: &CutJoins<'_>) {
+        let live: Vec<usize> = (0..self.replicas.len())
+            .filter(|i| self.restart.is_none_or(|(r, _)| r != *i))
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let index = live[self.rng.below(live.len())];
+        self.log.poll();
+        let name = self.replicas[index].name.clone();
+        let served = self.log.served_by(&name);
+        let loaded: Vec<usize> = (0..self.loaded).filter(|i| served.contains(&cluster_key(*i))).collect();
+        if let Some(proxy) = &self.replicas[index].proxy {
+            proxy.cut();
+        }
+        self.restore = Some((index, Instant::now() + args.cut_for));
+        let mut cut = Cut {
+            replica: name.clone(),
+            join: None,
+        };
+        if !loaded.is_empty() {
+            let cluster = loaded[self.rng.below(loaded.len())];
+            let machine = format!("cut-{}", self.cuts.len());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let w = &joins.loaded[cluster];
+            w.add_machine(&joins.admin, &machine, &provider_id(cluster, &machine))
+                .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let filing = Filing::join(w, cluster, &machine, "cut", Kind::Join);
+            cut.join = Some(filing.key.clone());
+            drop(filing.start(joins.ledger));
+        }
+        eprintln!(
+            "cut replica {name}'s management connection for {} (serving {}); join filed meanwhile: {}",
+            secs(args.cut_for),
+            served.join(", "),
+            cut.join
+                .as_ref()
+                .map_or("none (no loaded cluster)".to_owned(), |(c, n)| format!("c{c}/{n}")),
+        );
+        self.cuts.push(cut);
     }
 
     fn tick(&mut self) {
@@ -970,6 +1100,8 @@ async fn soak(args: &Args, world: World, plan: &Plan, seed: u64) -> Report {
         replicas,
         log,
         kills: Vec::new(),
+        cuts: Vec::new(),
+        restore: None,
         rng: Rng::new(seed ^ 0x4b49_4c4c),
         loaded: loaded.len(),
         restart: None,
@@ -995,7 +1127,13 @@ async fn soak(args: &Args, world: World, plan: &Plan, seed: u64) -> Report {
         }
         *stop.lock().unwrap() = true;
     };
-    tokio::join!(filing, chaos.run(args, start, filing_ends, &stop));
+    let joins = CutJoins {
+        admin: live::client(&management.admin_kubeconfig).await,
+        loaded: &loaded,
+        ledger: &ledger,
+    };
+    tokio::join!(filing, chaos.run(args, start, filing_ends, &stop, &joins));
+    drop(joins);
     let elapsed = start.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     watches.iter().for_each(|w| w.abort());
@@ -1053,6 +1191,8 @@ struct Report {
     /// Joins' creation to certificate observed, sorted.
     join_latencies: Vec<Duration>,
     kills: Vec<KillFigures>,
+    /// Per cut: the replica cut, and how the join filed during it ended (and after how long).
+    cuts: Vec<(String, String)>,
     /// Per replica: name, peak `VmHWM`, incarnations, exits nobody asked for.
     rss: Vec<(String, u64, usize, usize)>,
     assignment: Assignment,
@@ -1089,6 +1229,11 @@ impl Report {
             wrongly_denied: Vec::new(),
             join_latencies: Vec::new(),
             kills: Vec::new(),
+            cuts: chaos
+                .cuts
+                .iter()
+                .map(|cut| (cut.replica.clone(), cut_outcome(cut, &ledger)))
+                .collect(),
             rss: chaos
                 .replicas
                 .iter()
@@ -1243,6 +1388,23 @@ fn kill_figures(kill: &Kill, ledger: &Ledger, log: &ShardLog, args: &Args) -> Ki
     }
 }
 
+/// How the join filed during `cut` ended.
+fn cut_outcome(cut: &Cut, ledger: &Ledger) -> String {
+    let Some(key) = &cut.join else {
+        return "no join (it served no loaded cluster)".to_owned();
+    };
+    let name = format!("c{}/{}", key.0, key.1);
+    match ledger
+        .records
+        .get(key)
+        .and_then(|r| r.end.as_ref().map(|(at, end)| (*at - r.filed_at, end)))
+    {
+        Some((after, Final::Issued(_))) => format!("{name} issued {} after it was filed", secs(after)),
+        Some((_, Final::Denied(reason, _) | Final::Failed(reason, _))) => format!("{name} DENIED {reason}"),
+        _ => format!("{name} not ended"),
+    }
+}
+
 /// Kill to the first certificate observed in `cluster` for a CSR filed after the kill.
 fn first_certificate_after(ledger: &Ledger, cluster: usize, kill: Instant) -> Option<Duration> {
     ledger
@@ -1314,6 +1476,15 @@ impl Report {
         self.print_outcomes();
         self.print_latencies(args);
         self.print_kills(args);
+        if args.cut_every > Duration::ZERO {
+            println!(
+                "\ncuts (a replica's management connection down for {}; a Machine created meanwhile, its join filed a second later):",
+                secs(args.cut_for)
+            );
+            for (replica, outcome) in &self.cuts {
+                println!("  {replica}: {outcome}");
+            }
+        }
         self.print_rss();
         let verdict = if self.clean() { "PASS" } else { "FAIL" };
         println!(
