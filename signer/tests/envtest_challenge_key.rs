@@ -101,12 +101,7 @@ async fn a_signer_without_its_namespace_serves_insecure_clusters_and_holds_tpm_c
 
     // The critical alert fires.
     let dir = tempfile::tempdir().unwrap();
-    let target = signer
-        .metrics_url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_owned();
-    let prometheus = Prometheus::start(dir.path(), &target, &shipped_rules("5s"));
+    let prometheus = Prometheus::start(dir.path(), &signer.metrics_target(), &shipped_rules("5s"));
     const KEY_ALERT: &str = "NodeAttestationTpmChallengeKeyUnavailable";
     prometheus.wait_alert(KEY_ALERT, "firing", &[], WAIT);
 

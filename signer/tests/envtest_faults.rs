@@ -30,6 +30,14 @@ fn pid(name: &str) -> String {
     format!("aws:///eu-west-1b/i-{name}")
 }
 
+/// Files `csr`, the join of Machine `machine` by the bootstrap token, and waits `within` for it
+/// to end.
+async fn join(w: &Workload, csr: &str, machine: &str, within: Duration) -> Final {
+    let request = RequestSpec::kubelet(machine, &pid(machine)).build();
+    file_csr(&w.bootstrap, csr, SIGNER_INSECURE, &request, CLIENT_USAGES).await;
+    wait_final(&w.admin, csr, false, within).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it_has_not_seen() {
@@ -49,16 +57,7 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     std::fs::write(&proxied, text.replace(&w.env.server, &proxy.url())).unwrap();
     let signer = Signer::run_as(Path::new(SIGNER_BIN), &w.env, &proxied, &["--leader-elect=false"]);
 
-    let join = |name: &str| RequestSpec::kubelet(name, &pid(name)).build();
-    file_csr(
-        &w.bootstrap,
-        "join-0",
-        SIGNER_INSECURE,
-        &join("worker-0"),
-        CLIENT_USAGES,
-    )
-    .await;
-    let joined = wait_final(&w.admin, "join-0", false, Duration::from_secs(30)).await;
+    let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
     assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
 
     // Cut off; a Machine is created and its node asks a second later.
@@ -66,15 +65,7 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     tokio::time::sleep(Duration::from_secs(1)).await;
     w.add_machine(&admin, "worker-1", &pid("worker-1")).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    file_csr(
-        &w.bootstrap,
-        "join-1",
-        SIGNER_INSECURE,
-        &join("worker-1"),
-        CLIENT_USAGES,
-    )
-    .await;
-    let held = wait_final(&w.admin, "join-1", false, Duration::from_secs(8)).await;
+    let held = join(&w, "join-1", "worker-1", Duration::from_secs(8)).await;
     assert_eq!(held, Final::Pending, "denied from a stale cache\n{}", signer.log());
     assert!(
         signer.log().contains("cannot confirm the MachineNotFound denial"),
@@ -88,15 +79,7 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     assert!(matches!(issued, Final::Issued(_)), "{issued:?}\n{}", signer.log());
 
     // A provider ID no Machine has is still denied, once the fresh read confirms it.
-    file_csr(
-        &w.bootstrap,
-        "join-x",
-        SIGNER_INSECURE,
-        &join("worker-x"),
-        CLIENT_USAGES,
-    )
-    .await;
-    let denied = wait_final(&w.admin, "join-x", false, Duration::from_secs(30)).await;
+    let denied = join(&w, "join-x", "worker-x", Duration::from_secs(30)).await;
     assert_eq!(denied.reason(), Some("MachineNotFound"), "{denied:?}\n{}", signer.log());
 }
 
@@ -142,17 +125,8 @@ async fn a_certificate_written_by_a_stopped_replica_is_recorded_once_by_whoever_
     let csrs: Api<CertificateSigningRequest> = Api::all(w.admin.clone());
     let uid_of = |csr: CertificateSigningRequest| csr.metadata.uid.unwrap();
 
-    // A join as it should go: one Event, one count, marked recorded.
-    let join = |name: &str| RequestSpec::kubelet(name, &pid(name)).build();
-    file_csr(
-        &w.bootstrap,
-        "join-0",
-        SIGNER_INSECURE,
-        &join("worker-0"),
-        CLIENT_USAGES,
-    )
-    .await;
-    let joined = wait_final(&w.admin, "join-0", false, Duration::from_secs(30)).await;
+    // A join as it should go: one Event, one count.
+    let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
     assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
     let uid0 = uid_of(csrs.get("join-0").await.unwrap());
     counted(&signer, 1.0).await;
@@ -161,14 +135,8 @@ async fn a_certificate_written_by_a_stopped_replica_is_recorded_once_by_whoever_
     // The replica stops right after writing worker-1's certificate: what it leaves is the CSR
     // approved and its certificate, and nothing else.
     signer.kill();
-    file_csr(
-        &w.bootstrap,
-        "join-1",
-        SIGNER_INSECURE,
-        &join("worker-1"),
-        CLIENT_USAGES,
-    )
-    .await;
+    let request = RequestSpec::kubelet("worker-1", &pid("worker-1")).build();
+    file_csr(&w.bootstrap, "join-1", SIGNER_INSECURE, &request, CLIENT_USAGES).await;
     let approve = serde_json::json!({"status": {"conditions": [{"type": "Approved", "status": "True",
         "reason": "AttestedInsecureV1", "message": "approved before the stop"}]}});
     csrs.patch_subresource("approval", "join-1", &PatchParams::default(), &Patch::Merge(&approve))

@@ -53,12 +53,7 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let target = signer
-        .metrics_url
-        .trim_start_matches("http://")
-        .trim_end_matches("/metrics")
-        .to_owned();
-    let prometheus = Prometheus::start(dir.path(), &target, &shipped_rules("5s"));
+    let prometheus = Prometheus::start(dir.path(), &signer.metrics_target(), &shipped_rules("5s"));
 
     // A join (the latency histogram, joins per second), then a flood of hijack attempts.
     let join = RequestSpec::kubelet("worker-0", "aws:///us-east-1a/i-worker-0").build();

@@ -521,6 +521,14 @@ impl Signer {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// `127.0.0.1:<port>` of `/metrics`, as a Prometheus scrape target.
+    pub fn metrics_target(&self) -> String {
+        self.metrics_url
+            .trim_start_matches("http://")
+            .trim_end_matches("/metrics")
+            .to_owned()
+    }
+
     /// The `/metrics` text, or an empty string when not serving.
     pub fn metrics(&self) -> String {
         let Some(rest) = self.metrics_url.strip_prefix("http://") else {
