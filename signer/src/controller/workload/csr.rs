@@ -163,11 +163,13 @@ impl Worker {
                 return Answer::Idle;
             };
             if !matches!(again.outcome, Outcome::Denied { .. }) {
+                // With backoff: a cache that never catches up costs a read per backoff step.
                 tracing::info!(
                     cached = %reason,
                     "the management cache was behind the apiserver; deciding again when it catches up"
                 );
-                self.queue.push_after(name.to_owned(), UNLISTED_RETRY);
+                self.count(&csr, "Retry", "Pending");
+                self.retry(&csr, "the management cache was behind the apiserver");
                 return Answer::Answered;
             }
             decision = again;
