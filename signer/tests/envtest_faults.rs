@@ -41,7 +41,7 @@ async fn join(w: &Workload, csr: &str, machine: &str, within: Duration) -> Final
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it_has_not_seen() {
-    let env = Envtest::start("envtest_partition");
+    let env = Envtest::start("envtest_faults_cut");
     env.install_capi_crds();
     let admin = live::client(&env.admin_kubeconfig).await;
     let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
