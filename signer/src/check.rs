@@ -158,11 +158,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             let cluster =
                 ClusterView::from_object(&read_one(path)?).with_context(|| format!("in {}", path.display()))?;
             if !cluster.opted_in {
-                bail!(
-                    "Cluster {} is not opted in ({}: \"true\" is missing): the signer ignores its CSRs",
-                    cluster.name,
-                    attestation::names::ANNOTATION_OPT_IN
-                );
+                bail!("{}", crate::render::not_opted_in(&cluster));
             }
             cluster
         }
@@ -283,11 +279,12 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
 /// A CertificateSigningRequest manifest.
 fn csr_file(path: &Path) -> Result<CsrObject> {
     let object = read_one(path)?;
-    let kind = object
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or_default()
-        .to_owned();
+    let Some(kind) = object.get("kind").and_then(|k| k.as_str()).map(str::to_owned) else {
+        bail!(
+            "{} has no kind: expected a CertificateSigningRequest manifest or a PEM request",
+            path.display()
+        );
+    };
     if kind != "CertificateSigningRequest" {
         bail!(
             "{} is a {kind:?}, not a CertificateSigningRequest or a PEM request",

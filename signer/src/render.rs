@@ -4,6 +4,8 @@
 use std::fmt::Write;
 
 use attestation::decision::{Decision, Outcome, Verdict};
+use attestation::machine::ClusterView;
+use attestation::names::ANNOTATION_OPT_IN;
 
 /// The outcome line, the rules (`pass`, `FAIL`, `wait`, `skip`), and the claim and CSR
 /// annotations the decision carries (`claim` names what the claim line says: "claim to write").
@@ -41,5 +43,40 @@ pub fn outcome(outcome: &Outcome) -> String {
         Outcome::Denied { reason, message } => format!("Denied ({reason}): {message}"),
         Outcome::Retry { message } => format!("Retry (left pending): {message}"),
         _ => outcome.name().to_owned(),
+    }
+}
+
+/// Why the signer ignores `cluster`, naming what its opt-in annotation holds.
+pub fn not_opted_in(cluster: &ClusterView) -> String {
+    let why = match cluster.annotation(ANNOTATION_OPT_IN) {
+        None => format!("{ANNOTATION_OPT_IN}: \"true\" is missing"),
+        Some(value) => format!(
+            "{ANNOTATION_OPT_IN} is {:?}, not \"true\"",
+            attestation::identity::truncate(value, 40)
+        ),
+    };
+    let named = if cluster.namespace.is_empty() {
+        cluster.name.clone()
+    } else {
+        cluster.key()
+    };
+    format!("Cluster {named} is not opted in ({why}): the signer ignores its CSRs")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_not_opted_in_is_told_what_its_annotation_holds() {
+        let absent = ClusterView::named("prod", "team-a", &[]);
+        assert!(not_opted_in(&absent).contains(r#"kubelet-authentication: "true" is missing"#));
+        let off = ClusterView::named("prod", "team-a", &[]).with_annotation(ANNOTATION_OPT_IN, "false");
+        let said = not_opted_in(&off);
+        assert!(
+            said.contains(r#"kubelet-authentication is "false", not "true""#),
+            "{said}"
+        );
+        assert!(said.starts_with("Cluster team-a/prod is not opted in"), "{said}");
     }
 }

@@ -242,7 +242,47 @@ fn a_cluster_that_did_not_opt_in_is_refused() {
         cluster.to_str().unwrap(),
     ]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("not opted in"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not opted in"), "{stderr}");
+    // It says what the annotation holds, not that it is missing.
+    assert!(
+        stderr.contains(r#"kubelet-authentication is "false", not "true""#),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_manifest_without_a_kind_is_said_to_have_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let csr = dir.path().join("csr.yaml");
+    std::fs::write(&csr, "metadata:\n  name: x\nspec: {}\n").unwrap();
+    let output = check(&["--csr", csr.to_str().unwrap(), "--machine", "examples/machines.yaml"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("has no kind"), "{stderr}");
+}
+
+#[test]
+fn explain_refuses_a_malformed_cluster_before_it_reads_any_kubeconfig() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_node-attestation-signer"))
+        .args([
+            "explain",
+            "--cluster",
+            "prod",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "x",
+        ])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("expected <namespace>/<name>"), "{stderr}");
+    assert!(
+        !stderr.contains("/nonexistent"),
+        "the kubeconfig is not read first: {stderr}"
+    );
 }
 
 #[test]

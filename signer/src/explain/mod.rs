@@ -138,14 +138,20 @@ impl Judge {
     }
 }
 
+/// `--cluster <namespace>/<name>`, read before anything is asked of a cluster.
+fn cluster_argument(cluster: &str) -> Result<(String, String)> {
+    cluster
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+        .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
+        .with_context(|| format!("--cluster {cluster:?}: expected <namespace>/<name>"))
+}
+
 async fn explain(args: &ExplainArgs) -> Result<()> {
+    let named = args.cluster.as_deref().map(cluster_argument).transpose()?;
     let management = ManagementReader::connect(args.kubeconfig.as_deref(), args.request_timeout).await?;
-    let (namespace, name) = match (&args.cluster, &args.provider_id) {
-        (Some(cluster), _) => cluster
-            .split_once('/')
-            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
-            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
-            .with_context(|| format!("--cluster {cluster:?}: expected <namespace>/<name>"))?,
+    let (namespace, name) = match (named, &args.provider_id) {
+        (Some(named), _) => named,
         (None, Some(provider_id)) => {
             management
                 .cluster_of_provider_id(provider_id, args.namespace.as_deref())
@@ -160,10 +166,7 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         .map(|why| format!("ignored, as the signer does: {why}"))
         .collect();
     if !facts.cluster.opted_in {
-        notes.push(format!(
-            "Cluster {namespace}/{name} is not opted in ({}: \"true\" is missing): the signer ignores its CSRs",
-            attestation::names::ANNOTATION_OPT_IN
-        ));
+        notes.push(crate::render::not_opted_in(&facts.cluster));
     }
     let workload = match &args.workload_kubeconfig {
         Some(path) => {
