@@ -27,7 +27,7 @@ use crate::manifests::{read_objects, read_one};
 pub enum OutputFormat {
     /// For people.
     Text,
-    /// For programs: `decision`, `reason`, `message`, `rules`, `certificate`.
+    /// For programs: one JSON document (its fields are the command's: see `--output`).
     Json,
 }
 
@@ -64,7 +64,8 @@ pub struct CheckArgs {
     /// Longest client certificate lifetime.
     #[arg(long, default_value = "168h", value_parser = humantime::parse_duration)]
     pub client_cert_duration: std::time::Duration,
-    /// Output format.
+    /// Output format; `json` has `decision`, `reason`, `message`, `rules` and, when signed,
+    /// `certificate`.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// With a bare PEM: the requester (default: the KubeadmConfig's join-token user, or
@@ -214,7 +215,9 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let csr = load_csr(args, &inventory, &verifiers, &mut assumptions)?;
     let now = match &args.now {
         Some(text) => {
-            OffsetDateTime::parse(text, &Rfc3339).with_context(|| format!("--now {text:?} is not RFC 3339"))?
+            // The parse error once: its source repeats its own message.
+            OffsetDateTime::parse(text, &Rfc3339)
+                .map_err(|e| anyhow::anyhow!("--now {text:?} is not RFC 3339 ({e}), e.g. 2026-11-22T08:00:00Z"))?
         }
         None => OffsetDateTime::now_utc(),
     };

@@ -221,6 +221,13 @@ fn unusable_input_exits_2_with_a_clear_error() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        // Said once: no cause repeated after its own message.
+        let lines: Vec<&str> = stderr.lines().collect();
+        for line in &lines {
+            for part in line.split(": ").filter(|p| p.len() > 12) {
+                assert!(line.matches(part).count() == 1, "{args:?} repeats {part:?}: {stderr}");
+            }
+        }
         assert!(output.stdout.is_empty(), "nothing on stdout for unusable input");
     }
 }

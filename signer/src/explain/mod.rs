@@ -62,7 +62,8 @@ pub struct ExplainArgs {
     /// `<cluster>-kubeconfig` Secret (explain then reads no Secret at all).
     #[arg(long)]
     pub workload_kubeconfig: Option<PathBuf>,
-    /// Output: for people, or JSON.
+    /// Output: for people, or JSON with `cluster`, `csr`, `recorded`, `now` (the decision and
+    /// its rules), `machine`, `node`, `events`, `other_csrs` and `notes`.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// Make no call to Google or STS: a decision that needs one stays `Retry` and says which.
