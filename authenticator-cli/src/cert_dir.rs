@@ -226,6 +226,11 @@ pub struct CertDir {
 }
 
 impl CertDir {
+    /// `dir` as it is, never created (what `status` reads: a missing folder holds nothing).
+    pub fn existing(dir: &Path) -> Self {
+        Self { dir: dir.to_owned() }
+    }
+
     /// `dir`, created (0700) if missing.
     pub fn open(dir: &Path) -> Result<Self> {
         if !dir.exists() {

@@ -14,8 +14,13 @@ use crate::exec::ExecArgs;
 /// `status`: subject, provider ID, validity, rotation point, backoff, last error.
 pub fn status(args: &ExecArgs) -> Result<String> {
     let node = args.node()?;
-    let provider_id = args.provider_id().ok();
-    let dir = CertDir::open(&args.cert_dir)?;
+    // A provider ID given that cannot be read is an error, not a status without one.
+    let provider_id = match (&args.provider_id, &args.provider_id_file) {
+        (None, None) => None,
+        _ => Some(args.provider_id()?),
+    };
+    // For a person: it looks, and creates nothing.
+    let dir = CertDir::existing(&args.cert_dir);
     let now = OffsetDateTime::now_utc();
     let mut out = String::new();
     let _ = writeln!(out, "cert dir:      {}", args.cert_dir.display());

@@ -53,6 +53,38 @@ fn stderr(out: &Output) -> String {
 }
 
 #[test]
+fn status_creates_nothing_and_a_provider_id_file_it_cannot_read_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    let status = |extra: &[&str]| {
+        Command::new(PLUGIN)
+            .args([
+                "--cert-dir",
+                cert_dir.to_str().unwrap(),
+                "--node-name",
+                "worker-0",
+                "--attestor",
+                "insecure",
+            ])
+            .args(extra)
+            .arg("status")
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .output()
+            .unwrap()
+    };
+    let out = status(&["--provider-id", "aws:///us-east-1a/i-0abc"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("none yet"));
+    assert!(!cert_dir.exists(), "status created the cert dir");
+    let out = status(&["--provider-id-file", "/nope"]);
+    assert!(
+        !out.status.success(),
+        "a provider ID file that cannot be read exits non-zero"
+    );
+    assert!(stderr(&out).contains("/nope"), "{}", stderr(&out));
+}
+
+#[test]
 fn a_missing_bootstrap_kubeconfig_or_unreachable_apiserver_is_said_plainly() {
     let dir = tempfile::tempdir().unwrap();
     let missing = plugin(&dir.path().join("nope.conf"), &dir.path().join("pki"), &[], None);
