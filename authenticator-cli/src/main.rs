@@ -24,6 +24,11 @@ use clap::{Parser, Subcommand};
     name = "kubelet-authenticator",
     version,
     about,
+    long_about = "Attested kubelet client certificates for Cluster API workload clusters.\n\n\
+        Without a subcommand it is the client-go exec credential plugin: kubelet (its kubeconfig \
+        user) runs it, and it prints one ExecCredential (KUBERNETES_EXEC_INFO is read), filing and \
+        renewing the certificate through the signer as needed. The subcommands are for people and \
+        image builds.",
     args_conflicts_with_subcommands = false
 )]
 struct Cli {

@@ -60,8 +60,8 @@ pub fn status(args: &ExecArgs) -> Result<String> {
                 std::fs::canonicalize(dir.path(CURRENT)).unwrap_or_default().display()
             );
             let _ = writeln!(out, "provider ID:   {}", c.provider_id.as_deref().unwrap_or("(none)"));
-            let _ = writeln!(out, "not before:    {}", c.not_before);
-            let _ = writeln!(out, "not after:     {}", c.not_after);
+            let _ = writeln!(out, "not before:    {}", backoff::rfc3339(c.not_before));
+            let _ = writeln!(out, "not after:     {}", backoff::rfc3339(c.not_after));
             let state = if let Some(Hold::Until(_)) = hold {
                 "renewed with it as the node's identity when the backoff ends, answered until then"
             } else {
@@ -77,8 +77,8 @@ pub fn status(args: &ExecArgs) -> Result<String> {
                 std::fs::canonicalize(dir.path(CURRENT)).unwrap_or_default().display()
             );
             let _ = writeln!(out, "provider ID:   {}", c.provider_id.as_deref().unwrap_or("(none)"));
-            let _ = writeln!(out, "not before:    {}", c.not_before);
-            let _ = writeln!(out, "not after:     {}", c.not_after);
+            let _ = writeln!(out, "not before:    {}", backoff::rfc3339(c.not_before));
+            let _ = writeln!(out, "not after:     {}", backoff::rfc3339(c.not_after));
             let state = if now < c.rotate_at {
                 "cached, answered at once"
             } else if let Some(Hold::Until(_)) = hold {
@@ -86,7 +86,7 @@ pub fn status(args: &ExecArgs) -> Result<String> {
             } else {
                 "due: the next call renews"
             };
-            let _ = writeln!(out, "rotation at:   {} ({state})", c.rotate_at);
+            let _ = writeln!(out, "rotation at:   {} ({state})", backoff::rfc3339(c.rotate_at));
         }
     }
     if let Some(replaced) = dir.obtained().and_then(|record| record.replaced) {

@@ -72,7 +72,7 @@ fn status_creates_nothing_and_a_provider_id_file_it_cannot_read_is_an_error() {
             .output()
             .unwrap()
     };
-    let out = status(&["--provider-id", "aws:///us-east-1a/i-0abc"]);
+    let out = status(&["--provider-id", PID]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("none yet"));
     assert!(!cert_dir.exists(), "status created the cert dir");
@@ -82,6 +82,32 @@ fn status_creates_nothing_and_a_provider_id_file_it_cannot_read_is_an_error() {
         "a provider ID file that cannot be read exits non-zero"
     );
     assert!(stderr(&out).contains("/nope"), "{}", stderr(&out));
+
+    // Its times are RFC 3339.
+    std::fs::create_dir_all(&cert_dir).unwrap();
+    store_due_certificate(&cert_dir);
+    let out = status(&["--provider-id", PID]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    for field in ["not before:", "not after:", "rotation at:"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_else(|| panic!("{field}: {text}"));
+        let value = line[field.len()..].split_whitespace().next().unwrap();
+        OffsetDateTime::parse(value, &time::format_description::well_known::Rfc3339)
+            .unwrap_or_else(|e| panic!("{field} {value:?} is not RFC 3339 ({e}): {text}"));
+    }
+}
+
+#[test]
+fn the_help_says_the_bare_command_is_the_exec_plugin() {
+    let out = Command::new(PLUGIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains("Without a subcommand it is the client-go exec credential plugin"),
+        "{help}"
+    );
 }
 
 #[test]
