@@ -97,6 +97,21 @@ async fn issued_events(admin: &kube::Client, uid: &str) -> usize {
         .count()
 }
 
+/// Restarts `signer` and waits until this incarnation has listed the workload cluster's CSRs
+/// (its recovery pass is then queued), so what it counts next is what that pass did.
+async fn restart_and_list(signer: &mut Signer) {
+    const LISTED: &str = "watching CSRs of the workload cluster";
+    let before = signer.log().matches(LISTED).count();
+    signer.restart();
+    for _ in 0..300 {
+        if signer.log().matches(LISTED).count() > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the restarted signer never listed the CSRs\n{}", signer.log());
+}
+
 /// Waits until `signer`'s `certificates_issued_total` is `expected`, then a moment more to see
 /// that it stays.
 async fn counted(signer: &Signer, expected: f64) {
@@ -151,14 +166,14 @@ async fn a_certificate_written_by_a_stopped_replica_is_recorded_once_by_whoever_
 
     // The next replica to start records it, and only it: worker-0's join, recorded before,
     // is not counted again.
-    signer.restart();
+    restart_and_list(&mut signer).await;
     counted(&signer, 1.0).await;
     assert_eq!(issued_events(&admin, &uid1).await, 1, "{}", signer.log());
     assert_eq!(issued_events(&admin, &uid0).await, 1);
     assert!(signer.log().contains("recorded a certificate a stopped replica wrote"));
 
-    // Another start finds both recorded and records nothing twice.
-    signer.restart();
+    // Another start finds both recorded and records nothing twice (counted once it has looked).
+    restart_and_list(&mut signer).await;
     counted(&signer, 0.0).await;
     assert_eq!(
         issued_events(&admin, &uid1).await,
