@@ -8,6 +8,8 @@
 //!   [`gcp`] and [`aws`] the cloud identity providers ([`cloud`] holds what they share).
 //! - [`ca`]: the workload cluster CA and certificate issuance.
 //! - [`request`]: the node side: keys, CSRs and envelopes.
+//! - [`join_tokens`]: which join tokens the signer keeps for MachinePools and retires for
+//!   claimed Machines (SPEC section 7).
 //!
 //! Like `kube-core`, this crate does no I/O: no client, no files, no clock.
 
@@ -24,6 +26,7 @@ pub mod envelope;
 pub mod gcp;
 pub mod identity;
 pub mod insecure;
+pub mod join_tokens;
 pub mod machine;
 pub mod names;
 pub mod request;

@@ -51,6 +51,16 @@ fn forbidden(env: &Envtest, user: &str, args: &[&str]) {
     );
 }
 
+/// Refused by RBAC or by the shipped admission policy (a 422 for an update it denies).
+fn refused(env: &Envtest, user: &str, args: &[&str]) {
+    let (ok, text) = as_user(env, user, args);
+    assert!(
+        !ok && (text.contains("forbidden")
+            || text.contains("ValidatingAdmissionPolicy 'node-attestation-signer-join-tokens'")),
+        "{user} must be refused {args:?}: {text}"
+    );
+}
+
 #[test]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 fn the_signer_can_do_its_job_and_nothing_near_it() {
@@ -166,6 +176,77 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
     );
 
     forbidden(&env, WORKLOAD_USER, &["get", "secrets", "-A"]);
+    // Join tokens (SPEC section 7): bootstrap token Secrets in kube-system, by name; the
+    // admission policy refuses the signer's writes to any other Secret there.
+    env.apply(&[
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "bootstrap.kubernetes.io/token",
+               "metadata": {"name": "bootstrap-token-rbac01", "namespace": "kube-system"},
+               "stringData": {"token-id": "rbac01", "token-secret": "0123456789abcdef", "expiration": "2030-01-01T00:00:00Z"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": "bootstrap-token-fake01", "namespace": "kube-system"}, "stringData": {"token-id": "fake01"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": "cloud-credentials", "namespace": "kube-system"}, "stringData": {"key": "value"}}),
+    ]);
+    let patch = r#"{"data":{"expiration":"MjAzMS0wMS0wMVQwMDowMDowMFo="}}"#;
+    allowed(
+        &env,
+        WORKLOAD_USER,
+        &["get", "secret", "-n", "kube-system", "bootstrap-token-rbac01"],
+    );
+    forbidden(&env, WORKLOAD_USER, &["get", "secrets", "-n", "kube-system"]);
+    forbidden(&env, WORKLOAD_USER, &["get", "secret", "-n", "default", "anything"]);
+    allowed(
+        &env,
+        WORKLOAD_USER,
+        &[
+            "patch",
+            "secret",
+            "-n",
+            "kube-system",
+            "bootstrap-token-rbac01",
+            "--type",
+            "merge",
+            "-p",
+            patch,
+        ],
+    );
+    for other in ["bootstrap-token-fake01", "cloud-credentials"] {
+        refused(
+            &env,
+            WORKLOAD_USER,
+            &[
+                "patch",
+                "secret",
+                "-n",
+                "kube-system",
+                other,
+                "--type",
+                "merge",
+                "-p",
+                patch,
+            ],
+        );
+        refused(&env, WORKLOAD_USER, &["delete", "secret", "-n", "kube-system", other]);
+    }
+    refused(
+        &env,
+        WORKLOAD_USER,
+        &[
+            "create",
+            "secret",
+            "generic",
+            "-n",
+            "kube-system",
+            "bootstrap-token-new001",
+            "--type",
+            "bootstrap.kubernetes.io/token",
+        ],
+    );
+    allowed(
+        &env,
+        WORKLOAD_USER,
+        &["delete", "secret", "-n", "kube-system", "bootstrap-token-rbac01"],
+    );
     allowed(&env, WORKLOAD_USER, &["get", "nodes"]);
     env.apply(&[
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:node-autoapprove-bootstrap"},

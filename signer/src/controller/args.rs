@@ -41,6 +41,17 @@ pub struct RunArgs {
     /// `kubeadm:node-autoapprove-certificate-rotation` bindings (still reported).
     #[arg(long, env = "SIGNER_KEEP_LEGACY_AUTOAPPROVE")]
     pub keep_legacy_autoapprove: bool,
+    /// Leave every Cluster's join tokens to Cluster API's bootstrap provider: keep no
+    /// MachinePool's token valid and delete no claimed Machine's (SPEC section 7; one Cluster:
+    /// annotate it `cluster.x-k8s.io/kubelet-join-tokens: leave`).
+    #[arg(long, env = "SIGNER_LEAVE_JOIN_TOKENS")]
+    pub leave_join_tokens: bool,
+    /// How far ahead a MachinePool's join token is kept valid: its `expiration` is moved to
+    /// now + this whenever less than half of it is left. Must exceed 6/5 of the bootstrap
+    /// provider's `--bootstrap-token-ttl` (default 15m) by the resync period, or the provider
+    /// rotates the token anyway.
+    #[arg(long, env = "SIGNER_JOIN_TOKEN_LIFETIME", default_value = "48h", value_parser = humantime::parse_duration)]
+    pub join_token_lifetime: std::time::Duration,
     /// Coordinate replicas through coordination.k8s.io Leases (`--coordination`); false: this
     /// one process serves every opted-in cluster.
     #[arg(long, env = "SIGNER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]

@@ -1,5 +1,26 @@
-//! What kubeadm leaves in a workload cluster that the signer acts on, by name: shared by the
-//! duty that removes it and the metrics that report it.
+//! What kubeadm leaves in a workload cluster that the signer acts on: its auto-approve bindings
+//! by name (shared by the duty that removes them and the metrics that report them) and its
+//! bootstrap token Secrets as the join-token duty and `explain` read them.
+
+use attestation::join_tokens::TokenSecret;
+use k8s_openapi::api::core::v1::Secret;
+
+/// What the signer reads of a bootstrap token Secret: its type, `token-id` and `expiration`
+/// (the token's secret half is never read out of it).
+pub fn token_secret(secret: &Secret) -> TokenSecret {
+    let data = |key: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    TokenSecret {
+        type_: secret.type_.clone(),
+        token_id: data("token-id"),
+        expiration: data("expiration"),
+    }
+}
 
 /// A kubeadm ClusterRoleBinding that lets kube-controller-manager hand out kubelet identities
 /// around this signer, and what it lets through.

@@ -100,6 +100,13 @@ struct IssuedLabels {
     kind: &'static str,
 }
 
+/// A change the signer made to a join token: bounded (`extended`, `deleted`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JoinTokenLabels {
+    cluster: String,
+    action: &'static str,
+}
+
 /// A kubeadm binding in a cluster: bounded (two binding names).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BindingLabels {
@@ -135,6 +142,7 @@ pub struct Metrics {
     ca_not_after: Family<ClusterLabels, Gauge>,
     oldest_waiting: Family<ClusterLabels, Gauge>,
     apply_errors: Family<ClusterLabels, Counter>,
+    join_token_changes: Family<JoinTokenLabels, Counter>,
     issued: Family<IssuedLabels, Counter>,
     tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
@@ -162,6 +170,7 @@ impl Metrics {
             ca_not_after: Family::default(),
             oldest_waiting: Family::default(),
             apply_errors: Family::default(),
+            join_token_changes: Family::default(),
             issued: Family::default(),
             tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
@@ -223,6 +232,11 @@ impl Metrics {
             "apply_errors",
             "Decisions that could not be applied for an apiserver error (retried), by cluster",
             metrics.apply_errors.clone(),
+        );
+        r.register(
+            "join_token_changes",
+            "Join tokens the signer extended (a MachinePool's) or deleted (a claimed Machine's), by cluster and action",
+            metrics.join_token_changes.clone(),
         );
         r.register(
             "tpm_challenge_key_loaded",
@@ -351,6 +365,16 @@ impl Metrics {
             .inc();
     }
 
+    /// A join token of `cluster` extended or deleted (`action`).
+    pub fn join_token_change(&self, cluster: &str, action: &'static str) {
+        self.join_token_changes
+            .get_or_create(&JoinTokenLabels {
+                cluster: cluster.to_owned(),
+                action,
+            })
+            .inc();
+    }
+
     /// Whether the `tpm/v1` challenge key is loaded.
     pub fn tpm_challenge_key(&self, loaded: bool) {
         self.tpm_challenge_key_loaded.set(i64::from(loaded));
@@ -437,6 +461,7 @@ mod tests {
         m.tpm_challenge_key(true);
         m.oldest_waiting(&[("team-a/prod".into(), 0)]);
         m.apply_error("team-a/prod");
+        m.join_token_change("team-a/prod", "deleted");
         m.issued("team-a/prod", "join");
         let text = encode(&registry);
         assert!(
@@ -449,6 +474,10 @@ mod tests {
         );
         assert!(
             text.contains(r#"node_attestation_apply_errors_total{cluster="team-a/prod"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"node_attestation_join_token_changes_total{cluster="team-a/prod",action="deleted"} 1"#),
             "{text}"
         );
         assert!(

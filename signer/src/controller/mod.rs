@@ -236,6 +236,8 @@ async fn serve(args: &RunArgs) -> Result<()> {
                 .context("--client-cert-duration is too large")?,
             csr_max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
             keep_legacy_autoapprove: args.keep_legacy_autoapprove,
+            leave_join_tokens: args.leave_join_tokens,
+            join_token_lifetime: join_token_lifetime(args.join_token_lifetime, args.resync_period)?,
             resync: args.resync_period,
             secret_resync: args.secret_resync_period,
             queue_capacity: args.queue_capacity,
@@ -309,4 +311,18 @@ async fn serve(args: &RunArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--join-token-lifetime`, checked against `--resync-period`: a MachinePool's token is looked
+/// at once per resync and extended when half its lifetime is left, so a lifetime of less than
+/// four resyncs could lapse between two looks.
+fn join_token_lifetime(lifetime: std::time::Duration, resync: std::time::Duration) -> Result<time::Duration> {
+    if lifetime < resync.saturating_mul(4) {
+        anyhow::bail!(
+            "--join-token-lifetime {} is shorter than four --resync-period ({}): a MachinePool's token could lapse between two looks; raise it (default 48h)",
+            humantime::format_duration(lifetime),
+            humantime::format_duration(resync)
+        );
+    }
+    time::Duration::try_from(lifetime).context("--join-token-lifetime is too large")
 }

@@ -318,6 +318,19 @@ impl WorkloadReader {
         })
     }
 
+    /// Join token `id`'s Secret in `kube-system` (`None`: gone); an error says why it could not
+    /// be read (the shipped least-privilege role for `explain` reads no Secrets).
+    pub async fn token_secret(&self, id: &str) -> Result<Option<attestation::join_tokens::TokenSecret>, String> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), attestation::join_tokens::TOKEN_NAMESPACE);
+        match secrets.get_opt(&attestation::join_tokens::secret_name(id)).await {
+            Ok(found) => Ok(found.as_ref().map(crate::controller::kubeadm::token_secret)),
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                Err("this identity may not read Secrets in kube-system".to_owned())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Every CSR and Node.
     pub async fn facts(&self) -> Result<WorkloadFacts> {
         let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());

@@ -17,6 +17,7 @@
 pub mod gather;
 pub mod rbac;
 pub mod report;
+pub mod tokens;
 
 use std::path::PathBuf;
 
@@ -182,7 +183,8 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
             WorkloadReader::connect(&bytes, &what, args.request_timeout).await?
         }
     };
-    let workload = workload.facts().await?;
+    let reader = workload;
+    let workload = reader.facts().await?;
     let cloud = crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?;
     let judge = Judge {
         verifiers: crate::verifiers::all(
@@ -201,15 +203,17 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
 
     if args.pending {
         let listed = pending(&judge, &facts, &workload).await?;
+        let join_tokens = join_tokens(&reader, &facts, &workload, judge.now).await;
         match args.output {
             OutputFormat::Json => println!(
                 "{}",
                 serde_json::to_string_pretty(
-                    &serde_json::json!({"cluster": cluster_key, "csrs": listed, "notes": notes})
+                    &serde_json::json!({"cluster": cluster_key, "csrs": listed, "joinTokens": join_tokens, "notes": notes})
                 )?
             ),
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));
+                print!("{}", tokens::render(&join_tokens));
                 for note in &notes {
                     println!("note: {note}");
                 }
@@ -275,6 +279,23 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         OutputFormat::Text => print!("{}", report::render_explanation(&explanation)),
     }
     Ok(())
+}
+
+/// The Cluster's join tokens and what the signer does with them (SPEC section 7), as a signer
+/// without `--leave-join-tokens` would.
+async fn join_tokens(
+    reader: &WorkloadReader,
+    facts: &ClusterFacts,
+    workload: &WorkloadFacts,
+    now: OffsetDateTime,
+) -> tokens::TokenReport {
+    let left = attestation::join_tokens::managed(&facts.cluster, false).err();
+    let plans = tokens::plans(&facts.cluster, &facts.inventory, &workload.nodes, now);
+    let mut secrets = std::collections::HashMap::new();
+    for (id, _) in &plans {
+        secrets.insert(id.clone(), reader.token_secret(id).await);
+    }
+    tokens::report(left, &plans, |id| secrets.get(id).cloned().unwrap_or(Ok(None)), now)
 }
 
 /// Every CSR `--pending` lists, oldest first; those still waiting decided now.

@@ -11,7 +11,8 @@
 //!
 //! - [`feed`]: the watches; [`store`]: the served Clusters' views (pure); [`view_page`] and
 //!   [`lean`]: reading LIST pages and objects without their managed fields; [`fresh`]: reads
-//!   that confirm the cache before a final denial.
+//!   that confirm the cache before a final denial; [`templates`]: the templates naming join
+//!   tokens, read to confirm a token's retirement.
 //!
 //! This room owns every request to the management cluster but the Leases (the fleet's
 //! membership) and Events. It answers what the cache holds and writes claims; it never decides a
@@ -22,6 +23,7 @@ pub mod feed;
 pub mod fresh;
 pub mod lean;
 pub mod store;
+pub mod templates;
 pub mod view_page;
 
 use std::collections::{BTreeMap, HashMap};
@@ -509,6 +511,17 @@ impl Management {
             .await?;
         }
         Ok(inventory)
+    }
+
+    /// The templates of the Cluster's namespace that name join tokens, read now (a join token's
+    /// retirement is confirmed on them: [`templates`]).
+    pub async fn token_templates(
+        &self,
+        cluster: &ClusterView,
+    ) -> Result<Vec<attestation::join_tokens::TemplateToken>, ApplyError> {
+        templates::token_templates(&self.client, &cluster.namespace)
+            .await
+            .map_err(ApplyError::from_kube)
     }
 
     /// The management cluster's client (Events written at once).

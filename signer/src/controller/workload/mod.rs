@@ -6,7 +6,8 @@
 //! - [`csr`]: what happens to one CSR: inputs fetched, the rule engine's decision taken.
 //! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge);
 //!   [`record`]: each certificate written recorded once, whoever finishes the work.
-//! - [`duties`]: the cluster's duties that are not CSR decisions (kubeadm's bindings).
+//! - [`duties`]: the cluster's duties that are not CSR decisions (kubeadm's bindings, join
+//!   tokens).
 //! - [`nodes`]: the cluster's Nodes by name and provider ID; [`queue`]: its bounded queue;
 //!   [`inflight`]: the fleet's slots for CSRs in flight; [`shared`]: what every worker shares.
 //!
@@ -42,6 +43,7 @@ impl Worker {
             // Owned by this future: aborting the worker drops the set, which aborts them all.
             let mut tasks = tokio::task::JoinSet::new();
             tasks.spawn(Arc::clone(&self).legacy_binding_loop().in_current_span());
+            tasks.spawn(Arc::clone(&self).join_token_loop().in_current_span());
             tasks.spawn(Arc::clone(&self).resync_loop().in_current_span());
             tasks.spawn({
                 let worker = Arc::clone(&self);

@@ -24,6 +24,10 @@ pub struct Settings {
     pub csr_max_age: time::Duration,
     /// Leave kubeadm's auto-approve binding in place (still reported).
     pub keep_legacy_autoapprove: bool,
+    /// Leave join tokens to the bootstrap provider (`--leave-join-tokens`).
+    pub leave_join_tokens: bool,
+    /// How far ahead a MachinePool's join token is kept valid.
+    pub join_token_lifetime: time::Duration,
     /// How often every undecided CSR is looked at again, the legacy binding checked, and the
     /// Secrets of a Cluster that could not be served re-read.
     pub resync: Duration,

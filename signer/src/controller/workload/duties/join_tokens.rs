@@ -1,0 +1,332 @@
+//! SPEC section 7's join-token duty: for a Cluster whose authorized attestors exclude
+//! `insecure`, each MachinePool's join token is kept valid for the pool's life and each
+//! claimed Machine's is deleted once its node has joined. What to do with which token is
+//! [`attestation::join_tokens`]'s (pure, with the bootstrap provider's thresholds written
+//! down); this duty reads the token Secrets, writes what it says, and reports each change as
+//! an Event on the MachinePool or Machine and a counter.
+//!
+//! It never creates a token Secret (the bootstrap provider re-creates a pool's missing token,
+//! and two creators would fight), writes only Secrets of type `bootstrap.kubernetes.io/token`
+//! whose `token-id` is the one named, with the Secret's resourceVersion (extension) or UID and
+//! resourceVersion (deletion) as precondition, and confirms every deletion on a fresh read of
+//! the Cluster's Machines, MachinePools, KubeadmConfigs and templates.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use attestation::join_tokens::{self, Joined, Keep, LeftBecause, TOKEN_NAMESPACE, TokenPlan, secret_name};
+use attestation::machine::{ClusterView, Inventory, TargetRef};
+use attestation::{NodeDirectory, NodeLookup};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::EventType;
+use kube::{Api, ResourceExt};
+use time::OffsetDateTime;
+
+use crate::controller::kubeadm::token_secret;
+use crate::controller::workload::worker::Worker;
+
+/// How often the Cluster's claimed Machines are looked at for a token to retire (a claimed
+/// Machine's token goes within seconds of its node joining); MachinePools' tokens are read once
+/// per resync period.
+const RETIRE_TICK: Duration = Duration::from_secs(2);
+
+/// What the duty remembers between passes.
+#[derive(Default)]
+struct TokenDuty {
+    /// Why the Cluster's tokens are left alone, as last reported.
+    left: Option<LeftBecause>,
+    /// When the pools' tokens were last read.
+    pools_read: Option<Instant>,
+    /// Tokens deleted, or found gone: never read again.
+    gone: HashSet<String>,
+    /// Tokens not to look at again before then: a retirement the fresh read did not confirm,
+    /// or a request that failed.
+    not_before: HashMap<String, Instant>,
+    /// Claimed Machines (UID) whose Node registered before their nodeRef was written, and when
+    /// that was first seen.
+    registered: HashMap<String, OffsetDateTime>,
+    /// Tokens already reported as missing or as not a token (reported once each).
+    reported: HashSet<String>,
+}
+
+impl Worker {
+    /// SPEC section 7, "Join tokens": runs until the worker stops.
+    pub(in crate::controller::workload) async fn join_token_loop(self: Arc<Self>) {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), TOKEN_NAMESPACE);
+        let mut duty = TokenDuty::default();
+        loop {
+            self.join_token_pass(&api, &mut duty).await;
+            tokio::time::sleep(RETIRE_TICK.min(self.shared.settings.resync)).await;
+        }
+    }
+
+    async fn join_token_pass(&self, api: &Api<Secret>, duty: &mut TokenDuty) {
+        let management = &self.shared.management;
+        let Some(cluster) = management.clusters.get(&self.key) else {
+            return;
+        };
+        match join_tokens::managed(&cluster, self.shared.settings.leave_join_tokens) {
+            Err(why) => {
+                if duty.left != Some(why) {
+                    tracing::info!(%why, "join tokens left to the bootstrap provider");
+                    duty.left = Some(why);
+                }
+                return;
+            }
+            Ok(()) => duty.left = None,
+        }
+        let Some(inventory) = management.inventory(&cluster) else {
+            return;
+        };
+        let now = OffsetDateTime::now_utc();
+        let joined = self.joined_states(&inventory, duty, now);
+        let plans = join_tokens::plan(&cluster, &inventory, &[], |m| lookup(&joined, m.uid()), now);
+        let pools_due = duty
+            .pools_read
+            .is_none_or(|at| at.elapsed() >= self.shared.settings.resync);
+        let mut candidates = Vec::new();
+        for (id, plan) in &plans {
+            match plan {
+                TokenPlan::Keep { pools } if pools_due => self.keep_pool_token(api, id, pools, duty).await,
+                TokenPlan::Retire { .. }
+                    if !duty.gone.contains(id) && duty.not_before.get(id).is_none_or(|t| Instant::now() >= *t) =>
+                {
+                    candidates.push(id.clone());
+                }
+                _ => {}
+            }
+        }
+        if pools_due {
+            duty.pools_read = Some(Instant::now());
+        }
+        if !candidates.is_empty() {
+            self.retire_tokens(api, &cluster, &candidates, duty).await;
+        }
+    }
+
+    /// Whether each claimed Machine's node has joined: `status.nodeRef`, or a Node carrying its
+    /// provider ID (first seen when, remembered in `duty`).
+    fn joined_states(
+        &self,
+        inventory: &Inventory,
+        duty: &mut TokenDuty,
+        now: OffsetDateTime,
+    ) -> HashMap<String, Joined> {
+        let mut states = HashMap::new();
+        for machine in &inventory.machines {
+            if machine.valid_claim().is_none() {
+                continue;
+            }
+            let state = if machine.node_ref().is_some() {
+                Joined::NodeRef
+            } else {
+                match machine.provider_id().map(|pid| self.nodes.node_with_provider_id(pid)) {
+                    Some(NodeLookup::Found(_)) => {
+                        Joined::Registered(*duty.registered.entry(machine.uid().to_owned()).or_insert(now))
+                    }
+                    _ => Joined::No,
+                }
+            };
+            states.insert(machine.uid().to_owned(), state);
+        }
+        duty.registered
+            .retain(|uid, _| matches!(states.get(uid), Some(Joined::Registered(_))));
+        states
+    }
+
+    /// Keeps pool token `id` valid ([`join_tokens::keep`]).
+    async fn keep_pool_token(&self, api: &Api<Secret>, id: &str, pools: &[TargetRef], duty: &mut TokenDuty) {
+        let name = secret_name(id);
+        let secret = match api.get_opt(&name).await {
+            Ok(Some(secret)) => secret,
+            Ok(None) => {
+                if duty.reported.insert(id.to_owned()) {
+                    tracing::info!(
+                        token = id,
+                        "a MachinePool's join token is gone; the bootstrap provider creates a new one"
+                    );
+                    for pool in pools {
+                        self.token_event(
+                            pool,
+                            EventType::Normal,
+                            "JoinTokenMissing",
+                            &format!("join token {id} (Secret {TOKEN_NAMESPACE}/{name}) is gone from the workload cluster: left to the bootstrap provider, which creates a new one for the pool; the signer keeps that one valid"),
+                        );
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(token = id, error = %e, "cannot read a MachinePool's join token");
+                return;
+            }
+        };
+        let view = token_secret(&secret);
+        let keep = match join_tokens::keep(
+            &view,
+            id,
+            OffsetDateTime::now_utc(),
+            self.shared.settings.join_token_lifetime,
+        ) {
+            Ok(keep) => {
+                duty.reported.remove(id);
+                keep
+            }
+            Err(e) => {
+                self.not_a_token(id, &e, pools, duty);
+                return;
+            }
+        };
+        let Keep::Extend { from, to } = keep else {
+            return;
+        };
+        let expiration = join_tokens::format_expiration(to);
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": secret.resource_version()},
+            "data": {"expiration": k8s_openapi::ByteString(expiration.clone().into_bytes())},
+        });
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                let from = from.as_deref().unwrap_or("(none)");
+                tracing::info!(token = id, from, to = %expiration, "kept a MachinePool's join token valid");
+                self.shared.metrics.join_token_change(&self.key, "extended");
+                for pool in pools {
+                    self.token_event(
+                        pool,
+                        EventType::Normal,
+                        "JoinTokenExtended",
+                        &format!("join token {id} kept valid for the pool: expiration {from} -> {expiration} (instances started from an older launch configuration still join; attestation decides each node's identity)"),
+                    );
+                }
+            }
+            // The bootstrap provider wrote it meanwhile: the next pass reads it again.
+            Err(kube::Error::Api(status)) if status.code == 409 => duty.pools_read = None,
+            Err(e) => tracing::warn!(token = id, error = %e, "cannot extend a MachinePool's join token"),
+        }
+    }
+
+    /// Confirms the retirement of `ids` on a fresh read of the Cluster's objects and templates,
+    /// then deletes each token still retired.
+    async fn retire_tokens(&self, api: &Api<Secret>, cluster: &ClusterView, ids: &[String], duty: &mut TokenDuty) {
+        let management = &self.shared.management;
+        let later = Instant::now() + self.shared.settings.resync;
+        let fresh = async {
+            let inventory = management.fresh_inventory(cluster, OffsetDateTime::now_utc()).await?;
+            let templates = management.token_templates(cluster).await?;
+            Ok::<_, crate::controller::management::ApplyError>((inventory, templates))
+        };
+        let (inventory, templates) = match fresh.await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot confirm a join token's retirement; trying again later");
+                for id in ids {
+                    duty.not_before.insert(id.clone(), later);
+                }
+                return;
+            }
+        };
+        let now = OffsetDateTime::now_utc();
+        let joined = self.joined_states(&inventory, duty, now);
+        let confirmed: BTreeMap<String, TokenPlan> =
+            join_tokens::plan(cluster, &inventory, &templates, |m| lookup(&joined, m.uid()), now);
+        for id in ids {
+            match confirmed.get(id) {
+                Some(TokenPlan::Retire { machines }) => self.retire_token(api, id, machines, duty).await,
+                plan => {
+                    tracing::debug!(
+                        token = id,
+                        ?plan,
+                        "a join token's retirement is not confirmed on a fresh read"
+                    );
+                    duty.not_before.insert(id.clone(), later);
+                }
+            }
+        }
+    }
+
+    /// Deletes retired token `id` ([`join_tokens::retirable`]).
+    async fn retire_token(&self, api: &Api<Secret>, id: &str, machines: &[TargetRef], duty: &mut TokenDuty) {
+        let name = secret_name(id);
+        let later = Instant::now() + self.shared.settings.resync;
+        let secret = match api.get_opt(&name).await {
+            Ok(Some(secret)) => secret,
+            Ok(None) => {
+                duty.gone.insert(id.to_owned());
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(token = id, error = %e, "cannot read a claimed Machine's join token");
+                duty.not_before.insert(id.to_owned(), later);
+                return;
+            }
+        };
+        if let Err(e) = join_tokens::retirable(&token_secret(&secret), id) {
+            self.not_a_token(id, &e, machines, duty);
+            duty.gone.insert(id.to_owned());
+            return;
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: secret.uid(),
+                resource_version: secret.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {
+                duty.gone.insert(id.to_owned());
+                tracing::info!(
+                    token = id,
+                    machines = machines.len(),
+                    "deleted a claimed Machine's join token"
+                );
+                self.shared.metrics.join_token_change(&self.key, "deleted");
+                for machine in machines {
+                    self.token_event(
+                        machine,
+                        EventType::Normal,
+                        "JoinTokenDeleted",
+                        &format!("join token {id} (Secret {TOKEN_NAMESPACE}/{name}) deleted: the Machine is claimed and its node has joined, and nothing that may still join names the token"),
+                    );
+                }
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                duty.gone.insert(id.to_owned());
+            }
+            // Changed since read (409): read again at the next tick.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => {
+                tracing::warn!(token = id, error = %e, "cannot delete a claimed Machine's join token");
+                duty.not_before.insert(id.to_owned(), later);
+            }
+        }
+    }
+
+    /// A Secret named like token `id` that is not that token: never written, reported once.
+    fn not_a_token(&self, id: &str, error: &join_tokens::NotAToken, targets: &[TargetRef], duty: &mut TokenDuty) {
+        if duty.reported.insert(id.to_owned()) {
+            let name = secret_name(id);
+            tracing::warn!(token = id, %error, "a Secret named like a join token is not one; left alone");
+            for target in targets {
+                self.token_event(
+                    target,
+                    EventType::Warning,
+                    "JoinTokenNotManaged",
+                    &format!(
+                        "Secret {TOKEN_NAMESPACE}/{name} is not join token {id}: {error}; the signer leaves it alone"
+                    ),
+                );
+            }
+        }
+    }
+
+    fn token_event(&self, target: &TargetRef, type_: EventType, reason: &str, text: &str) {
+        self.report(self.target_reference(target), type_, reason, "JoinToken", text);
+    }
+}
+
+fn lookup(joined: &HashMap<String, Joined>, uid: &str) -> Joined {
+    joined.get(uid).copied().unwrap_or(Joined::No)
+}
