@@ -16,7 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,30 +47,7 @@ fn plugin(
     attestor: &str,
     env: &[(&str, String)],
 ) -> Output {
-    let mut command = Command::new(PLUGIN);
-    command
-        .args(["--bootstrap-kubeconfig", bootstrap.to_str().unwrap()])
-        .args(["--cert-dir", cert_dir.to_str().unwrap()])
-        .args([
-            "--node-name",
-            node,
-            "--provider-id",
-            provider_id,
-            "--attestor",
-            attestor,
-            // The GCE renewal across a key rotation waits for the signer's next fetch of
-            // Google's keys (at most one a minute): well within this.
-            "--timeout",
-            "150s",
-        ])
-        .env_remove("KUBERNETES_EXEC_INFO")
-        .env_remove("GCE_METADATA_HOST")
-        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
-        .env_remove("AWS_ENDPOINT_URL_STS");
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command.output().unwrap()
+    tests::cloud::plugin_exec(Path::new(PLUGIN), bootstrap, cert_dir, node, provider_id, attestor, env)
 }
 
 /// The username the workload apiserver sees for the ExecCredential the plugin printed.

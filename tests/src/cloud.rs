@@ -1307,6 +1307,44 @@ impl JwksServer {
     }
 }
 
+/// The plugin (`program`) in exec mode for `node`, with `env` (the metadata endpoints) set for
+/// it alone and every ambient metadata variable removed.
+#[allow(clippy::too_many_arguments)]
+pub fn plugin_exec(
+    program: &std::path::Path,
+    bootstrap: &std::path::Path,
+    cert_dir: &std::path::Path,
+    node: &str,
+    provider_id: &str,
+    attestor: &str,
+    env: &[(&str, String)],
+) -> std::process::Output {
+    let mut command = std::process::Command::new(program);
+    command
+        .args(["--bootstrap-kubeconfig", bootstrap.to_str().expect("UTF-8 path")])
+        .args(["--cert-dir", cert_dir.to_str().expect("UTF-8 path")])
+        .args([
+            "--node-name",
+            node,
+            "--provider-id",
+            provider_id,
+            "--attestor",
+            attestor,
+            // The GCE renewal across a key rotation waits for the signer's next fetch of
+            // Google's keys (at most one a minute): well within this.
+            "--timeout",
+            "150s",
+        ])
+        .env_remove("KUBERNETES_EXEC_INFO")
+        .env_remove("GCE_METADATA_HOST")
+        .env_remove("AWS_EC2_METADATA_SERVICE_ENDPOINT")
+        .env_remove("AWS_ENDPOINT_URL_STS");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("the plugin runs")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -108,7 +108,8 @@ fn by_node_ref(m: &MachineView) -> Joined {
 #[test]
 fn which_token_is_kept_retired_or_held() {
     let t = |id: &str, plan: &str| (id.to_owned(), plan.to_owned());
-    let cases: Vec<(&str, Vec<Value>, Vec<(String, String)>)> = vec![
+    type Case = (&'static str, Vec<Value>, Vec<(String, String)>);
+    let cases: Vec<Case> = vec![
         (
             "a pool's token is kept",
             vec![config("pool-a-kc", "aaaaaa"), pool("pool-a", "pool-a-kc", false)],
