@@ -156,7 +156,12 @@ impl World {
     }
 
     /// Waits until `ready` holds for token `<id>`'s Secret (or its absence).
-    async fn wait_token(&self, id: &str, timeout: Duration, ready: impl Fn(&Option<(TokenSecret, String)>) -> bool) -> Duration {
+    async fn wait_token(
+        &self,
+        id: &str,
+        timeout: Duration,
+        ready: impl Fn(&Option<(TokenSecret, String)>) -> bool,
+    ) -> Duration {
         let start = Instant::now();
         loop {
             let token = self.token(id).await;
@@ -190,7 +195,11 @@ impl World {
     fn changes(&self, action: &str) -> f64 {
         live::metric(
             &self.signer.metrics(),
-            &format!("node_attestation_join_token_changes_total{{cluster=\"{}/{}\",action=\"{action}\"}}", capi::NAMESPACE, capi::CLUSTER),
+            &format!(
+                "node_attestation_join_token_changes_total{{cluster=\"{}/{}\",action=\"{action}\"}}",
+                capi::NAMESPACE,
+                capi::CLUSTER
+            ),
         )
     }
 }
@@ -284,7 +293,9 @@ async fn a_pools_token_outlives_the_bootstrap_providers_rotation_and_a_claimed_m
         "claimed, node not registered: the token stays (a lost certificate is asked for again with it)"
     );
     world.node_ref("m1", &m1.provider_id()).await;
-    let took = world.wait_token("mach01", Duration::from_secs(15), Option::is_none).await;
+    let took = world
+        .wait_token("mach01", Duration::from_secs(15), Option::is_none)
+        .await;
     eprintln!("m1's token deleted {took:?} after its nodeRef");
     let deleted = world.events("JoinTokenDeleted", "m1").await;
     assert!(!deleted.is_empty(), "an Event on the Machine");
@@ -296,7 +307,9 @@ async fn a_pools_token_outlives_the_bootstrap_providers_rotation_and_a_claimed_m
     let out = world.join(&m2, "m2", "mach02");
     world.joined(&out, "m2");
     apply(&world.w.admin, &capi::node("m2", Some(&m2.provider_id()))).await;
-    let took = world.wait_token("mach02", Duration::from_secs(25), Option::is_none).await;
+    let took = world
+        .wait_token("mach02", Duration::from_secs(25), Option::is_none)
+        .await;
     eprintln!("m2's token deleted {took:?} after its Node registered (no nodeRef)");
     assert!(took >= Duration::from_secs(8), "not before the grace: {took:?}");
 
@@ -311,11 +324,16 @@ async fn a_pools_token_outlives_the_bootstrap_providers_rotation_and_a_claimed_m
     world.joined(&out, "m3");
     world.node_ref("m3", &m3.provider_id()).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(world.token("shar01").await.is_some(), "m4 is not claimed: the token stays");
+    assert!(
+        world.token("shar01").await.is_some(),
+        "m4 is not claimed: the token stays"
+    );
     let out = world.join(&m4, "m4", "shar01");
     world.joined(&out, "m4, with the token m3 also named");
     world.node_ref("m4", &m4.provider_id()).await;
-    world.wait_token("shar01", Duration::from_secs(15), Option::is_none).await;
+    world
+        .wait_token("shar01", Duration::from_secs(15), Option::is_none)
+        .await;
     assert_eq!(world.events("JoinTokenDeleted", "m3").await.len(), 1);
     assert_eq!(world.events("JoinTokenDeleted", "m4").await.len(), 1);
     assert!(world.changes("deleted") >= 3.0);
@@ -340,13 +358,23 @@ async fn a_pools_token_outlives_the_bootstrap_providers_rotation_and_a_claimed_m
     apply(&world.admin, &pool_b).await;
     let before = world.token("pool02").await.unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert_eq!(world.token("pool02").await.unwrap().1, before.1, "annotated leave: the pool's token is untouched");
-    assert!(world.token("leav01").await.is_some(), "annotated leave: the Machine's token stays");
+    assert_eq!(
+        world.token("pool02").await.unwrap().1,
+        before.1,
+        "annotated leave: the pool's token is untouched"
+    );
+    assert!(
+        world.token("leav01").await.is_some(),
+        "annotated leave: the Machine's token stays"
+    );
     cluster["metadata"]["annotations"][attestation::join_tokens::ANNOTATION_JOIN_TOKENS] = Value::Null;
     cluster["metadata"]["annotations"][attestation::names::ANNOTATION_ALLOWED_ATTESTORS] = json!("gcp,insecure");
     apply(&world.admin, &cluster).await;
     tokio::time::sleep(Duration::from_secs(8)).await;
-    assert!(world.token("leav01").await.is_some(), "insecure allowed: the Machine's token stays");
+    assert!(
+        world.token("leav01").await.is_some(),
+        "insecure allowed: the Machine's token stays"
+    );
     let pool02 = world.token("pool02").await;
     assert!(
         pool02.as_ref().is_some_and(|t| t.1 == before.1),
@@ -354,5 +382,7 @@ async fn a_pools_token_outlives_the_bootstrap_providers_rotation_and_a_claimed_m
     );
     cluster["metadata"]["annotations"][attestation::names::ANNOTATION_ALLOWED_ATTESTORS] = json!("gcp");
     apply(&world.admin, &cluster).await;
-    world.wait_token("leav01", Duration::from_secs(15), Option::is_none).await;
+    world
+        .wait_token("leav01", Duration::from_secs(15), Option::is_none)
+        .await;
 }

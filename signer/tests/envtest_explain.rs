@@ -466,4 +466,61 @@ async fn a_challenged_tpm_csr_is_explained_as_waiting_for_its_answer_without_the
     assert!(text.contains("waiting for CSR #2"), "{text}");
     assert!(text.contains("attestor tpm/v1"), "{text}");
     assert_eq!(versions(&w).await, before, "explain wrote something");
+
+    // Join tokens (SPEC section 7): a MachinePool's token is listed as kept, with the expiry
+    // the signer keeps ahead; the Machine's (unclaimed) is held.
+    live::add_bootstrap_token(&w.admin, "pool01", "0123456789abcdef").await;
+    apply(&admin, &w.own(capi::kubeadm_config("pool-a-kc", "pool01", "v1beta2"))).await;
+    apply(&admin, &w.own(capi::machine_pool("pool-a", &[]))).await;
+    let mut tokens = Value::Null;
+    for _ in 0..50 {
+        let pending = explain_json(
+            &reader,
+            &[
+                "--cluster",
+                &cluster,
+                "--pending",
+                "--tpm-ek-ca-bundle",
+                bundle.to_str().unwrap(),
+            ],
+        );
+        tokens = pending["joinTokens"]["tokens"].clone();
+        let pool = tokens.as_array().into_iter().flatten().find(|t| t["id"] == "pool01");
+        if pool.is_some_and(|t| t["secret"].as_str().unwrap_or_default().starts_with("expires")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pool = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "pool01")
+        .unwrap_or_else(|| panic!("{tokens:#}"));
+    assert_eq!(pool["plan"], "kept", "{tokens:#}");
+    assert!(
+        pool["detail"].as_str().unwrap().contains("MachinePool pool-a"),
+        "{tokens:#}"
+    );
+    assert!(pool["secret"].as_str().unwrap().starts_with("expires 20"), "{tokens:#}");
+    let machine = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "abcdef")
+        .unwrap_or_else(|| panic!("{tokens:#}"));
+    assert_eq!(machine["plan"], "held", "{tokens:#}");
+    let (ok, text, stderr) = explain(
+        &reader,
+        &[
+            "--cluster",
+            &cluster,
+            "--pending",
+            "--tpm-ek-ca-bundle",
+            bundle.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{stderr}");
+    eprintln!("explain --pending:\n{text}");
+    assert!(text.contains("Join tokens: 2"), "{text}");
 }
