@@ -286,3 +286,35 @@ fn a_pool_instance_is_bound_to_its_own_instance_too() {
     other.proven_instance = Some("aws:123456789012/i-0fedcba9876543210");
     assert_eq!(denied(&other.decide()).unwrap().0, DenyReason::AttestationInvalid);
 }
+
+/// SPEC rule 7, adoption, for every attestor: the registered node itself, for a Machine or pool
+/// instance with no claim, is approved under that attestor's proof and claimed as for an
+/// initial request (the claim records the proven instance or EK from then on).
+#[test]
+fn every_attestor_adopts_a_registered_node_and_binds_the_claim() {
+    for pool in [false, true] {
+        for provider in ["aws", "gcp", "tpm", "insecure"] {
+            let mut case = Case::aws();
+            case.provider = provider;
+            case.renewal = true; // the node itself asks; no claim: an adoption
+            case.pool = pool;
+            let decision = case.decide();
+            let what = format!("{provider}, pool {pool}");
+            assert!(
+                matches!(decision.outcome, Outcome::Approved { .. }),
+                "{what}: {decision:?}"
+            );
+            let claim = decision
+                .claim
+                .unwrap_or_else(|| panic!("{what}: an adoption writes the claim"));
+            match provider {
+                "aws" | "gcp" => assert_eq!(claim.record.instance.as_deref(), Some(INSTANCE), "{what}"),
+                "tpm" => assert_eq!(claim.record.ek_sha256.as_deref(), Some(EK), "{what}"),
+                _ => assert!(
+                    claim.record.instance.is_none() && claim.record.ek_sha256.is_none(),
+                    "{what}"
+                ),
+            }
+        }
+    }
+}

@@ -167,6 +167,31 @@ impl Scenario {
         self.csr.groups = vec!["system:nodes".into(), "system:authenticated".into()];
     }
 
+    /// The node itself asks with the identity it already holds (kubeadm's, or one issued
+    /// before the opt-in) for its Machine, which names it (`status.nodeRef`) and holds no
+    /// claim: an adoption (rule 7).
+    fn adoption(&mut self) {
+        self.machines[0]["status"]["nodeRef"] = json!({"name": "worker-0"});
+        self.nodes.push(capi::node("worker-0", Some(PID)));
+        self.csr.username = "system:node:worker-0".into();
+        self.csr.groups = vec!["system:nodes".into(), "system:authenticated".into()];
+    }
+
+    /// The first control-plane node (`kubeadm init`): Machine prod-cp-x7k2p of the
+    /// KubeadmControlPlane, no nodeRef yet, its Node registered under the host name with the
+    /// Machine's provider ID, asking with kubeadm's certificate.
+    fn control_plane_adoption(&mut self) {
+        let mut machine = capi::machine("prod-cp-x7k2p", Some(PID));
+        machine["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
+        machine["spec"]["bootstrap"]["configRef"]["name"] = json!("prod-cp-x7k2p");
+        self.machines[0] = machine;
+        self.configs[0] = capi::kubeadm_config("prod-cp-x7k2p", "abcdef", "v1beta2");
+        self.request = RequestSpec::kubelet("ip-10-0-0-7", PID);
+        self.nodes.push(capi::node("ip-10-0-0-7", Some(PID)));
+        self.csr.username = "system:node:ip-10-0-0-7".into();
+        self.csr.groups = vec!["system:nodes".into(), "system:authenticated".into()];
+    }
+
     fn decide_counting(&self) -> (Decision, usize) {
         let mut csr = self.csr.clone();
         csr.request = self.request.build();
@@ -962,14 +987,14 @@ fn client_csr_table() {
             Denied(RequesterNotAllowed),
         ),
         (
-            "denies a renewal for a Machine without a claim",
+            "a request from the node for a Machine without a claim is an adoption (rule 7)",
             || {
                 let mut s = Scenario::client();
                 s.renewal();
                 s.machines[0]["metadata"]["annotations"] = json!({});
                 s
             },
-            Denied(RequesterNotAllowed),
+            Approved,
         ),
         // Rule 8.
         (
@@ -1843,6 +1868,217 @@ fn serving_csr_table() {
     ];
     let missing: Vec<_> = all.iter().filter(|r| !reached.contains(r)).collect();
     assert!(missing.is_empty(), "serving reasons no case reaches: {missing:?}");
+}
+
+/// SPEC rule 7, adoption (revision 4): the node itself, for a Machine or pool instance with no
+/// valid claim that already names it, under rule 12 as for an initial request.
+#[test]
+fn adoption_table() {
+    use DenyReason::*;
+    use Expect::*;
+    let cases: Vec<Case> = vec![
+        (
+            "adopts a worker's node named by status.nodeRef (insecure/v1)",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s
+            },
+            Approved,
+        ),
+        (
+            "adopts a worker's node with tpm/v1 proving its EK",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.as_tpm(verified(EK));
+                s
+            },
+            Approved,
+        ),
+        (
+            "a tpm/v1 adoption goes through the two-phase challenge like an initial request",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.as_tpm(Verification::Challenge {
+                    annotations: Default::default(),
+                    note: "challenge issued".into(),
+                    ek_sha256: Some(EK.into()),
+                });
+                s
+            },
+            Retry,
+        ),
+        (
+            "adopts the first control-plane node (kubeadm init) named by its registered Node's provider ID",
+            || {
+                let mut s = Scenario::client();
+                s.control_plane_adoption();
+                s
+            },
+            Approved,
+        ),
+        (
+            "adopts the first control-plane node with tpm/v1",
+            || {
+                let mut s = Scenario::client();
+                s.control_plane_adoption();
+                s.as_tpm(verified(EK));
+                s
+            },
+            Approved,
+        ),
+        (
+            "adopts over a stale claim (another provider ID)",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                let record = json!({"nodeName": "old", "providerID": "aws:///us-east-1a/i-gone", "csrUID": "x", "claimedAt": "2026-11-01T00:00:00Z"});
+                annotate(
+                    &mut s.machines[0],
+                    "cluster.x-k8s.io/kubelet-claim",
+                    &record.to_string(),
+                );
+                s
+            },
+            Approved,
+        ),
+        (
+            "refuses another node's certificate (the requester is not the CSR's node)",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.csr.username = "system:node:worker-1".into();
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a node for a Machine whose status.nodeRef names another node",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.machines[0]["status"]["nodeRef"] = json!({"name": "worker-9"});
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a node when the Node carrying the provider ID has another name",
+            || {
+                let mut s = Scenario::client();
+                s.control_plane_adoption();
+                s.nodes = vec![capi::node("ip-10-0-0-99", Some(PID))];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a node whose Machine names no node yet (it joins with its token)",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.machines[0]["status"]["nodeRef"] = Value::Null;
+                s.nodes.clear();
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a claimed Machine's adoption by another node",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                s.claim("worker-1", "earlier-csr", None);
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "waits when the workload cluster's Nodes cannot be read",
+            || {
+                let mut s = Scenario::client();
+                s.control_plane_adoption();
+                s.nodes_unreachable = true;
+                s
+            },
+            Retry,
+        ),
+        (
+            "refuses insecure/v1 for an EK-pinned Machine, adoption or not",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                annotate(&mut s.machines[0], "cluster.x-k8s.io/tpm-ek-sha256", EK);
+                s
+            },
+            Denied(AttestationNotAllowed),
+        ),
+        (
+            "refuses tpm/v1 proving an EK another Machine's claim records",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                let record = json!({"nodeName": "worker-1", "providerID": "aws:///us-east-1a/i-0def", "csrUID": "c1", "ekSHA256": OTHER_EK, "claimedAt": "2026-11-01T00:00:00Z"});
+                annotate(
+                    &mut s.machines[1],
+                    "cluster.x-k8s.io/kubelet-claim",
+                    &record.to_string(),
+                );
+                s.as_tpm(verified(OTHER_EK));
+                s
+            },
+            Denied(EndorsementKeyMismatch),
+        ),
+        (
+            "a Machine whose claim does not decode is not adopted",
+            || {
+                let mut s = Scenario::client();
+                s.adoption();
+                annotate(&mut s.machines[0], "cluster.x-k8s.io/kubelet-claim", "{not json");
+                s
+            },
+            Denied(MachineAlreadyClaimed),
+        ),
+        (
+            "adopts a MachinePool instance whose registered Node carries its provider ID",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                s.nodes.push(capi::node("pool-node-x1", Some(POOL_PID)));
+                s.csr.username = "system:node:pool-node-x1".into();
+                s.csr.groups = vec!["system:nodes".into()];
+                s
+            },
+            Approved,
+        ),
+        (
+            "refuses a pool instance's adoption under another name than its registered Node's",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                s.nodes.push(capi::node("pool-node-zz", Some(POOL_PID)));
+                s.csr.username = "system:node:pool-node-x1".into();
+                s.csr.groups = vec!["system:nodes".into()];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+    ];
+    check(&cases);
+}
+
+#[test]
+fn an_adoption_writes_the_claim_replacing_a_stale_one() {
+    let mut s = Scenario::client();
+    s.control_plane_adoption();
+    s.as_tpm(verified(EK));
+    let decision = s.decide();
+    let claim = decision.claim.expect("an adoption claims the Machine");
+    assert_eq!(claim.record.node_name, "ip-10-0-0-7");
+    assert_eq!(claim.record.ek_sha256.as_deref(), Some(EK));
+    assert_eq!(decision.target.map(|t| t.name), Some("prod-cp-x7k2p".into()));
+    let requester = decision.rules.iter().find(|r| r.rule == Rule::Requester).unwrap();
+    assert!(format!("{:?}", requester.verdict).contains("adoption"), "{requester:?}");
 }
 
 #[test]

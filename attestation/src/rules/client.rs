@@ -34,8 +34,12 @@ const ORDER: &[Rule] = &[
 enum Requester {
     /// A bootstrap-token user: initial issuance.
     Bootstrap { username: String },
-    /// The node itself: renewal.
+    /// The node itself, for a Machine (or pool instance) it has claimed: renewal.
     Node,
+    /// The node itself, for a Machine (or pool instance) with no valid claim: adoption of a
+    /// node that holds an identity the signer did not issue (kubeadm's on the first
+    /// control-plane node, or one issued before the Cluster opted in), SPEC rule 7.
+    Adoption,
 }
 
 /// The object the provider ID maps to.
@@ -180,10 +184,15 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     let target = provider_id.as_ref().and_then(|pid| find_target(&mut book, inputs, pid));
     // The claim as it stands, read once for rules 7, 10, 11, 12 and the claim write.
     let claim = target.zip(provider_id.as_ref()).map(|(target, pid)| target.claim(pid));
+    // The node itself asking for a Machine it has not claimed: an adoption, not a renewal.
+    let requester = requester.map(|r| match (r, &claim) {
+        (Requester::Node, Some(claim)) if claim.valid().is_none() => Requester::Adoption,
+        (r, _) => r,
+    });
     let mut one_identity = OneIdentity::Settled;
     if let (Some(target), Some(pid), Some(claim)) = (target, provider_id.as_ref(), &claim) {
         if let Some(requester) = &requester {
-            bind_requester(&mut book, inputs, target, claim, requester, node_name.as_ref());
+            bind_requester(&mut book, inputs, target, claim, requester, node_name.as_ref(), pid);
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());
@@ -347,7 +356,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     if let (Outcome::Approved { .. }, Some(target), Some(pid), Some(name)) =
         (&decision.outcome, target, provider_id.as_ref(), node_name.as_ref())
     {
-        if let Some(Requester::Bootstrap { .. }) = &requester {
+        if let Some(Requester::Bootstrap { .. } | Requester::Adoption) = &requester {
             let current = claim.as_ref().unwrap_or(&ClaimState::Unclaimed);
             decision.claim = claim_write(inputs, target, current, pid, name, verified_ek, verified_instance);
         }
@@ -614,7 +623,7 @@ fn classify_requester(book: &mut Book, inputs: &Inputs<'_>, node_name: Option<&N
     let why = if csr.username.starts_with(crate::names::NODE_USER_PREFIX) && in_group(GROUP_NODES) {
         "a node may only renew its own identity"
     } else {
-        "only bootstrap-token users (initial) and the node itself (renewal) may ask"
+        "only bootstrap-token users (initial) and the node itself (renewal, adoption) may ask"
     };
     book.fail(
         Rule::Requester,
@@ -745,6 +754,7 @@ fn bind_requester(
     claim: &ClaimState,
     requester: &Requester,
     node_name: Option<&NodeName>,
+    pid: &ProviderId,
 ) {
     match requester {
         Requester::Bootstrap { username } => match target.bootstrap_config() {
@@ -806,16 +816,91 @@ fn bind_requester(
                     shown(&c.node_name)
                 ),
             ),
+            // Turned into an adoption above: a renewal always has a valid claim.
             (None, _) => book.fail(
                 Rule::Requester,
                 DenyReason::RequesterNotAllowed,
                 format!(
-                    "renewal by {} but {} holds no valid claim: renewals are only for a Machine the node has claimed",
+                    "renewal by {} but {} holds no valid claim",
                     shown(&inputs.csr.username),
                     target.describe()
                 ),
             ),
         },
+        Requester::Adoption => match node_name {
+            Some(name) => adoption(book, inputs, target, name, pid),
+            None => book.fail(
+                Rule::Requester,
+                DenyReason::RequesterNotAllowed,
+                "adoption without a node name",
+            ),
+        },
+    }
+}
+
+/// SPEC rule 7, adoption: the node itself, for a Machine or pool instance with no valid claim,
+/// is accepted only when it is the node the Machine already names: its `status.nodeRef`, or a
+/// registered Node carrying its provider ID under that name. Anyone else (another node's
+/// certificate, a node for a Machine that names another) is refused; a Node list that cannot be
+/// read waits.
+fn adoption(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName, pid: &ProviderId) {
+    let username = name.username();
+    if let Target::Machine(m) = target
+        && let Some(node_ref) = m.node_ref()
+    {
+        if node_ref == name.as_str() {
+            book.pass(
+                Rule::Requester,
+                format!(
+                    "adoption: {username} is the node {} names (status.nodeRef) and holds no claim yet",
+                    target.describe()
+                ),
+            );
+        } else {
+            book.fail(
+                Rule::Requester,
+                DenyReason::RequesterNotAllowed,
+                format!(
+                    "adoption by {} refused: {} names node {} (status.nodeRef)",
+                    shown(&username),
+                    target.describe(),
+                    shown(node_ref)
+                ),
+            );
+        }
+        return;
+    }
+    match inputs.nodes.node_with_provider_id(pid.as_str()) {
+        NodeLookup::Found(node) if node.name == name.as_str() => book.pass(
+            Rule::Requester,
+            format!(
+                "adoption: {username} is the registered Node carrying the provider ID of {} and holds no claim yet",
+                target.describe()
+            ),
+        ),
+        NodeLookup::Found(node) => book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption by {} refused: the Node carrying the provider ID of {} is {}",
+                shown(&username),
+                target.describe(),
+                shown(&node.name)
+            ),
+        ),
+        NodeLookup::Absent => book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption by {} refused: {} holds no valid claim and names no node (no status.nodeRef, no registered Node carrying its provider ID); a new node joins with its bootstrap token",
+                shown(&username),
+                target.describe()
+            ),
+        ),
+        NodeLookup::Unavailable(why) => book.pending(
+            Rule::Requester,
+            format!("adoption: cannot tell which Node carries the provider ID of {}: {why}", target.describe()),
+        ),
     }
 }
 
@@ -842,6 +927,9 @@ fn check_node_name(
             None => {
                 if m.name() == name.as_str() {
                     Ok("the Machine name".to_owned())
+                } else if matches!(lookup, NodeLookup::Found(node) if node.provider_id.as_deref() == Some(pid.as_str()))
+                {
+                    Ok("the registered Node carrying its provider ID".to_owned())
                 } else if m.infrastructure_name() == Some(name.as_str()) {
                     Ok("spec.infrastructureRef.name".to_owned())
                 } else if let Some(a) = m
@@ -859,6 +947,15 @@ fn check_node_name(
         },
         (_, Target::Pool(_)) => Ok("a MachinePool instance: bound by its claim from now on".to_owned()),
     };
+    // A name that fits none of the Machine's own names may still be its registered Node's
+    // (adoption): when the Nodes cannot be read, that waits instead of failing.
+    if fits.is_err()
+        && let (NodeLookup::Unavailable(why), Target::Machine(m)) = (lookup, target)
+        && m.node_ref().is_none()
+    {
+        book.pending(Rule::NodeName, format!("cannot look up Node {name}: {why}"));
+        return;
+    }
     let fits = fits.and_then(|how| match name_held_elsewhere(inputs, target, name, pid) {
         Some(holder) => Err(format!("the name belongs to {holder}: one node name, one Machine")),
         None => Ok(how),
@@ -896,9 +993,22 @@ fn check_one_identity(
     lookup: &NodeLookup,
     provider: Option<&str>,
 ) -> OneIdentity {
-    if let Requester::Node = requester {
-        book.pass(Rule::OneIdentity, "renewal of the claimed identity");
-        return OneIdentity::Settled;
+    match (requester, claim) {
+        (Requester::Node, _) => {
+            book.pass(Rule::OneIdentity, "renewal of the claimed identity");
+            return OneIdentity::Settled;
+        }
+        (Requester::Adoption, ClaimState::Unclaimed | ClaimState::Stale(_)) => {
+            book.pass(
+                Rule::OneIdentity,
+                format!(
+                    "adoption of the node {} names: its first attested identity, claimed as for an initial request",
+                    target.describe()
+                ),
+            );
+            return OneIdentity::Settled;
+        }
+        _ => {}
     }
     let hardware = provider
         .and_then(|p| inputs.verifiers.for_provider(p))
