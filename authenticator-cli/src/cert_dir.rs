@@ -93,12 +93,19 @@ pub enum NotObtained {
     NoProviderId,
     /// [`OBTAINED`] does not list it.
     NotRecorded,
+    /// Taken over from the kubeconfig kubeadm (or kubelet's own bootstrap) wrote
+    /// (`kubeconfig --adopt`): the signer adopts the node at its first request (rule 7).
+    Adopted,
 }
 
 impl NotObtained {
     /// What a person should read, and do.
     pub fn explain(self) -> String {
+        if self == Self::Adopted {
+            return "taken over from kubelet's previous kubeconfig (kubeadm's certificate, or one issued before the Cluster opted in): the signer adopts the node at its first request, made with it".to_owned();
+        }
         let how = match self {
+            Self::Adopted => "",
             Self::NoProviderId => "it carries no provider-ID extension",
             Self::NotRecorded => "it is not among the certificates kubelet-authenticator stored",
         };
@@ -262,6 +269,10 @@ impl CertDir {
                 Err(why) => return Cached::Unusable(format!("{}: {why}", path.display())),
             },
         };
+        let record = self.obtained();
+        if record.as_ref().and_then(|r| r.adopted.as_deref()) == Some(credential.sha256.as_str()) {
+            return Cached::Foreign(credential, NotObtained::Adopted);
+        }
         match (&credential.provider_id, provider_id) {
             (None, _) => Cached::Foreign(credential, NotObtained::NoProviderId),
             (Some(have), Some(wanted)) if have != wanted.as_str() => Cached::Unusable(format!(
@@ -269,7 +280,7 @@ impl CertDir {
                 path.display(),
                 wanted.as_str()
             )),
-            _ => match self.obtained() {
+            _ => match record {
                 Some(record) if !record.sha256.contains(&credential.sha256) => {
                     Cached::Foreign(credential, NotObtained::NotRecorded)
                 }
@@ -321,6 +332,8 @@ impl CertDir {
         write_private(&file, contents.as_bytes())?;
         let mut record = self.obtained().unwrap_or_default();
         record.remember(sha256_hex(cert_der.contents()));
+        // The adopted certificate (if any) is no longer current.
+        record.adopted = None;
         if let Some((old, why)) = replacing {
             record.replaced = Some(Replaced {
                 at: now,
@@ -335,6 +348,42 @@ impl CertDir {
         std::fs::rename(&link, self.path(CURRENT))
             .with_context(|| format!("cannot update {}", self.path(CURRENT).display()))?;
         Ok(file)
+    }
+
+    /// Makes an adopted credential (kubeadm's, `kubeconfig --adopt`) the current one:
+    /// `kubelet-client-adopted-<timestamp>.pem` (0600, atomic), its SHA-256 recorded in
+    /// [`OBTAINED`] as adopted (never as obtained), then `kubelet-client-current.pem` pointed at
+    /// it. When the current file already holds that certificate (kubeadm's kubeconfig names the
+    /// file), only the record is written.
+    pub fn adopt(&self, cert_pem: &str, key_pem: &str, now: OffsetDateTime) -> Result<()> {
+        let cert_der = pem::parse(cert_pem.as_bytes())
+            .ok()
+            .filter(|p| p.tag() == "CERTIFICATE")
+            .context("adopting a certificate that is not one PEM CERTIFICATE")?;
+        let sha256 = sha256_hex(cert_der.contents());
+        let mut record = self.obtained().unwrap_or_default();
+        let current_holds_it = std::fs::read_to_string(self.path(CURRENT))
+            .ok()
+            .and_then(|text| pem::parse_many(text.as_bytes()).ok())
+            .is_some_and(|blocks| {
+                blocks
+                    .iter()
+                    .any(|b| b.tag() == "CERTIFICATE" && sha256_hex(b.contents()) == sha256)
+            });
+        record.adopted = Some(sha256);
+        write_private(&self.path(OBTAINED), record.to_json().as_bytes())?;
+        if current_holds_it {
+            return Ok(());
+        }
+        let name = format!("kubelet-client-adopted-{}.pem", now.unix_timestamp());
+        let contents = Zeroizing::new(format!("{}\n{}", cert_pem.trim_end(), key_pem.trim_end()) + "\n");
+        write_private(&self.path(&name), contents.as_bytes())?;
+        let link = self.path(&format!(".{CURRENT}.{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&name, &link).with_context(|| format!("cannot create {}", link.display()))?;
+        std::fs::rename(&link, self.path(CURRENT))
+            .with_context(|| format!("cannot update {}", self.path(CURRENT).display()))?;
+        Ok(())
     }
 
     /// Records the last failure for `status`.
@@ -419,6 +468,8 @@ pub struct Obtained {
     pub sha256: Vec<String>,
     /// The last foreign certificate a stored one replaced.
     pub replaced: Option<Replaced>,
+    /// SHA-256 of the certificate taken over by `kubeconfig --adopt`, while it is current.
+    pub adopted: Option<String>,
 }
 
 /// A foreign certificate the plugin replaced.
@@ -441,6 +492,9 @@ impl Obtained {
 
     fn to_json(&self) -> String {
         let mut value = serde_json::json!({ "sha256": self.sha256 });
+        if let Some(adopted) = &self.adopted {
+            value["adopted"] = serde_json::json!(adopted);
+        }
         if let Some(r) = &self.replaced {
             value["replaced"] = serde_json::json!({
                 "at": crate::backoff::rfc3339(r.at),
@@ -470,7 +524,16 @@ impl Obtained {
                 why: r.get("why")?.as_str()?.chars().take(1024).collect(),
             })
         });
-        Some(Self { sha256, replaced })
+        let adopted = value
+            .get("adopted")
+            .and_then(|a| a.as_str())
+            .filter(|d| is_digest(d))
+            .map(str::to_owned);
+        Some(Self {
+            sha256,
+            replaced,
+            adopted,
+        })
     }
 }
 

@@ -4,6 +4,7 @@
 //! - exec mode (no subcommand): what kubelet runs; [`exec`].
 //! - `status`, `kubeconfig`: [`report`]; `csr`: an offline request, [`csr`].
 
+mod adopt;
 mod backoff;
 mod cert_dir;
 mod csr;

@@ -208,6 +208,15 @@ pub struct KubeconfigArgs {
     /// every start; only the first, after `kubeadm join` wrote the bootstrap kubeconfig, writes).
     #[arg(long, requires = "output")]
     pub keep_existing: bool,
+    /// With --output: an existing file the plugin did not write (kubeadm's kubelet.conf on the
+    /// first control-plane node, or kubelet's own on a node that joined before the opt-in) is
+    /// taken over: its client certificate becomes the cert dir's current credential (the
+    /// signer adopts the node at the plugin's first request, made with it), the file is kept as
+    /// `<output>.pre-adoption`, and the plugin's kubeconfig replaces it. An existing plugin
+    /// kubeconfig is kept. When the certificate cannot be taken over, nothing changes and the
+    /// reason goes to `status`; the exit status stays 0 so kubelet still starts.
+    #[arg(long, requires = "output", conflicts_with = "keep_existing")]
+    pub adopt: bool,
 }
 
 /// The apiserver and its CA, as the rendered kubeconfig names them.
@@ -217,11 +226,20 @@ struct Endpoint {
     ca: (&'static str, String),
 }
 
-/// `--server` and `--ca-file`, or what the bootstrap kubeconfig's current context names: the
-/// file `kubeadm join` writes before it starts kubelet.
-fn endpoint(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<Endpoint> {
+/// `--server` and `--ca-file`, or what the bootstrap kubeconfig's current context names (the
+/// file `kubeadm join` writes before it starts kubelet), or `fallback` (the adopted
+/// kubeconfig's apiserver) when there is no bootstrap kubeconfig (the first control-plane node
+/// has none; `kubeadm join` deletes it at the end).
+fn endpoint_or(
+    args: &KubeconfigArgs,
+    exec: &ExecArgs,
+    fallback: Option<(String, (&'static str, String))>,
+) -> Result<Endpoint> {
     let from_bootstrap = || -> Result<(String, (&'static str, String))> {
         let path = &exec.bootstrap_kubeconfig;
+        if let Some(fallback) = fallback.clone().filter(|_| !path.exists()) {
+            return Ok(fallback);
+        }
         let kubeconfig = kube::config::Kubeconfig::read_from(path).with_context(|| {
             format!(
                 "no --server and --ca-file, and the bootstrap kubeconfig {} does not read",
@@ -273,7 +291,10 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
         eprintln!("kubelet-authenticator: {} exists; kept as it is", path.display());
         return Ok(String::new());
     }
-    let text = render_kubeconfig(args, exec)?;
+    if let Some(path) = args.output.as_deref().filter(|p| args.adopt && p.exists()) {
+        return adopt(path, args, exec).map(|()| String::new());
+    }
+    let text = render_kubeconfig(args, exec, None)?;
     match &args.output {
         Some(path) => {
             crate::secret_file::write_private(path, text.as_bytes())?;
@@ -284,8 +305,69 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
     }
 }
 
-fn render_kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
-    let endpoint = endpoint(args, exec)?;
+/// `kubeconfig --adopt` over an existing `path` ([`crate::adopt`]).
+fn adopt(path: &std::path::Path, args: &KubeconfigArgs, exec: &ExecArgs) -> Result<()> {
+    use crate::adopt::{Existing, install, keep_original, read_existing};
+    let node = exec.node()?;
+    let dir = crate::cert_dir::CertDir::open(&exec.cert_dir)?;
+    let refuse = |why: String| {
+        let message = format!(
+            "adoption of {} refused: {why}; kubelet keeps it as it is",
+            path.display()
+        );
+        eprintln!("kubelet-authenticator: {message}");
+        dir.record_error(&message, time::OffsetDateTime::now_utc());
+    };
+    let (cert_pem, key_pem, endpoint) = match read_existing(path) {
+        Ok(Existing::Plugin) => {
+            eprintln!(
+                "kubelet-authenticator: {} is already the plugin's; kept as it is",
+                path.display()
+            );
+            return Ok(());
+        }
+        Ok(Existing::PluginWithCertificate { endpoint }) => {
+            let text = render_kubeconfig(args, exec, endpoint)?;
+            crate::secret_file::write_private(path, text.as_bytes())?;
+            eprintln!(
+                "kubelet-authenticator: {} named a client certificate beside the plugin (kubeadm's kubelet-finalize); rendered again without it",
+                path.display()
+            );
+            return Ok(());
+        }
+        Ok(Existing::Other {
+            cert_pem,
+            key_pem,
+            endpoint,
+        }) => (cert_pem, key_pem, endpoint),
+        Err(why) => {
+            refuse(why);
+            return Ok(());
+        }
+    };
+    let _lock = dir.lock()?;
+    if let Err(why) = install(&dir, &node, &cert_pem, &key_pem, time::OffsetDateTime::now_utc()) {
+        refuse(why);
+        return Ok(());
+    }
+    let text = render_kubeconfig(args, exec, endpoint)?;
+    keep_original(path)?;
+    crate::secret_file::write_private(path, text.as_bytes())?;
+    eprintln!(
+        "kubelet-authenticator: adopted {}: its certificate is the current credential until the signer's arrives; the original is kept as {}{}",
+        path.display(),
+        path.display(),
+        crate::adopt::KEPT_SUFFIX
+    );
+    Ok(())
+}
+
+fn render_kubeconfig(
+    args: &KubeconfigArgs,
+    exec: &ExecArgs,
+    fallback: Option<(String, (&'static str, String))>,
+) -> Result<String> {
+    let endpoint = endpoint_or(args, exec, fallback)?;
     let mut plugin_args: Vec<String> = vec![
         "--bootstrap-kubeconfig".into(),
         exec.bootstrap_kubeconfig.display().to_string(),
@@ -477,6 +559,7 @@ mod tests {
                 command: "/usr/local/bin/kubelet-authenticator".into(),
                 output: None,
                 keep_existing: false,
+                adopt: false,
             };
             let text = kubeconfig(&args, &input).unwrap();
             let parsed: serde_json::Value = serde_yaml::from_str(&text).unwrap();
@@ -556,6 +639,112 @@ mod tests {
             kubeconfig(&both.kubeconfig, &both.exec).is_err(),
             "no --server and no bootstrap kubeconfig"
         );
+    }
+
+    /// A node certificate for `cn` and its key, as kubeadm issues them (no provider-ID
+    /// extension), valid for an hour.
+    fn kubeadm_certificate(cn: &str) -> (String, String) {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::minutes(1);
+        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::hours(1);
+        (params.self_signed(&key).unwrap().pem(), key.serialize_pem())
+    }
+
+    fn kubeadm_kubelet_conf(cert: &str, key: &str) -> String {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: system:node:cp-0@kubernetes\nclusters:\n- name: kubernetes\n  cluster:\n    server: https://10.0.0.1:6443\n    certificate-authority-data: UEVN\ncontexts:\n- name: system:node:cp-0@kubernetes\n  context:\n    cluster: kubernetes\n    user: system:node:cp-0\nusers:\n- name: system:node:cp-0\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(cert),
+            b64(key)
+        )
+    }
+
+    #[test]
+    fn adopt_takes_kubeadms_kubelet_conf_over_and_refuses_another_nodes_without_touching_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        let out = dir.path().join("kubelet.conf");
+        let adopt = || {
+            let both = Both::parse_from([
+                "x",
+                "--bootstrap-kubeconfig",
+                dir.path().join("absent.conf").to_str().unwrap(),
+                "--cert-dir",
+                pki.to_str().unwrap(),
+                "--node-name",
+                "cp-0",
+                "--provider-id",
+                "aws:///us-east-1a/i-0abc",
+                "--attestor",
+                "insecure",
+                "--output",
+                out.to_str().unwrap(),
+                "--adopt",
+            ]);
+            kubeconfig(&both.kubeconfig, &both.exec).unwrap()
+        };
+
+        // Another node's certificate: nothing changes, the reason is kept for `status`.
+        let (other_cert, other_key) = kubeadm_certificate("system:node:cp-9");
+        let other = kubeadm_kubelet_conf(&other_cert, &other_key);
+        std::fs::write(&out, &other).unwrap();
+        adopt();
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            other,
+            "kubelet keeps what it had"
+        );
+        let dir_state = crate::cert_dir::CertDir::existing(&pki);
+        assert!(
+            dir_state.last_error().unwrap().contains("adoption of"),
+            "{:?}",
+            dir_state.last_error()
+        );
+
+        // kubeadm's own: its certificate becomes the current credential, recorded as adopted;
+        // the file becomes the plugin's, with kubeadm's apiserver; the original is kept.
+        let (cert, key) = kubeadm_certificate("system:node:cp-0");
+        let original = kubeadm_kubelet_conf(&cert, &key);
+        std::fs::write(&out, &original).unwrap();
+        adopt();
+        let node = attestation::identity::NodeName::new("cp-0").unwrap();
+        let pid = attestation::identity::ProviderId::new("aws:///us-east-1a/i-0abc").unwrap();
+        match dir_state.current(&node, Some(&pid), time::OffsetDateTime::now_utc()) {
+            crate::cert_dir::Cached::Foreign(credential, why) => {
+                assert_eq!(why, crate::cert_dir::NotObtained::Adopted);
+                assert!(credential.cert_pem.contains(cert.lines().nth(1).unwrap()));
+            }
+            other => panic!("the adopted certificate is current: {other:?}"),
+        }
+        let rendered: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(rendered["clusters"][0]["cluster"]["server"], "https://10.0.0.1:6443");
+        assert_eq!(rendered["clusters"][0]["cluster"]["certificate-authority-data"], "UEVN");
+        assert!(rendered["users"][0]["user"]["exec"]["command"].is_string());
+        assert!(!std::fs::read_to_string(&out).unwrap().contains("client-key-data"));
+        let kept = dir.path().join("kubelet.conf.pre-adoption");
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), original);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777, 0o600);
+
+        // The next start keeps the plugin's kubeconfig; kubeadm's kubelet-finalize adding the
+        // rotatable certificate beside the exec user is rendered away.
+        let plugin = std::fs::read_to_string(&out).unwrap();
+        adopt();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), plugin);
+        let finalized = plugin.replace(
+            "    exec:",
+            "    client-certificate: /var/lib/kubelet/pki/kubelet-client-current.pem\n    client-key: /var/lib/kubelet/pki/kubelet-client-current.pem\n    exec:",
+        );
+        assert_ne!(finalized, plugin);
+        std::fs::write(&out, &finalized).unwrap();
+        adopt();
+        assert!(!std::fs::read_to_string(&out).unwrap().contains("client-certificate"));
     }
 
     #[test]
