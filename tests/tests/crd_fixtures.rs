@@ -262,7 +262,9 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
         "spec": {"template": {"spec": {"files": [], "joinConfiguration": {"nodeRegistration": {
             "kubeletExtraArgs": [{"name": "eviction-hard", "value": "nodefs.available<0%"}]}}}}}});
     for definition in patch["definitions"].as_array().unwrap() {
-        assert_eq!(definition["selector"]["kind"], "KubeadmConfigTemplate");
+        if definition["selector"]["kind"] != "KubeadmConfigTemplate" {
+            continue; // the control plane's: the_control_plane_configuration_...
+        }
         let ops: json_patch::Patch = serde_json::from_value(definition["jsonPatches"].clone()).unwrap();
         json_patch::patch(&mut stock, &ops).unwrap();
     }
@@ -279,4 +281,98 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
             .unwrap()
             .contains(flag)
     );
+}
+
+/// A KubeadmControlPlane's `kubeadmConfigSpec` as the KubeadmConfig each of its Machines gets
+/// (the control plane controller copies it; the KubeadmControlPlane's own CRD is not among the
+/// CRDs the project carries, the config's is).
+fn as_control_plane_config(kubeadm_config_spec: &Value) -> Value {
+    json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
+           "metadata": {"name": "prod-cp-1", "namespace": "team-a"}, "spec": kubeadm_config_spec})
+}
+
+#[test]
+fn the_control_plane_configuration_validates_and_matches_the_workers() {
+    let schemas = schemas();
+    let worker = as_kubeadm_config(&yaml_documents("images/kubeadm/kubeadm-config-template.yaml").remove(0));
+    let kubelet_patch = |spec: &Value| {
+        spec["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"].as_str().unwrap().contains("kubeletconfiguration"))
+            .cloned()
+    };
+    for (file, scheme) in [
+        ("images/kubeadm/kubeadm-control-plane.yaml", "aws:///"),
+        ("images/kubeadm/kubeadm-control-plane-aws.yaml", "aws:///"),
+        ("images/kubeadm/kubeadm-control-plane-gcp.yaml", "gce://"),
+    ] {
+        let kcp = yaml_documents(file).remove(0);
+        assert_eq!(kcp["kind"], "KubeadmControlPlane", "{file}");
+        let spec = &kcp["spec"]["kubeadmConfigSpec"];
+        validate(&schemas, &as_control_plane_config(spec)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(
+            kubelet_patch(spec),
+            kubelet_patch(&worker["spec"]),
+            "{file}: the workers' kubelet configuration"
+        );
+        let provider_id = spec["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/etc/kubernetes/provider-id")
+            .unwrap_or_else(|| panic!("{file}: the provider-ID file"));
+        assert!(provider_id["content"].as_str().unwrap().starts_with(scheme), "{file}");
+        // Both the first node (init: adopted) and the others (join) carry the provider ID on
+        // the Node and apply the kubelet patch.
+        for phase in ["initConfiguration", "joinConfiguration"] {
+            let flag = spec[phase]["nodeRegistration"]["kubeletExtraArgs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["name"] == "provider-id")
+                .unwrap_or_else(|| panic!("{file}: {phase}: kubelet --provider-id"));
+            assert_eq!(
+                flag["value"], provider_id["content"],
+                "{file}: {phase}: one provider ID"
+            );
+            assert_eq!(
+                spec[phase]["patches"]["directory"], "/etc/kubernetes/patches",
+                "{file}: {phase}"
+            );
+            assert!(spec[phase]["nodeRegistration"].get("ignorePreflightErrors").is_none());
+        }
+    }
+
+    // The ClusterClass patch turns a stock KubeadmControlPlaneTemplate into the same.
+    let shipped = yaml_documents("images/kubeadm/kubeadm-control-plane.yaml").remove(0);
+    let shipped = &shipped["spec"]["kubeadmConfigSpec"];
+    let patch = yaml_documents("images/kubeadm/clusterclass-patch.yaml").remove(0);
+    let definition = patch["definitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["selector"]["kind"] == "KubeadmControlPlaneTemplate")
+        .expect("a definition for the KubeadmControlPlaneTemplate");
+    assert_eq!(definition["selector"]["matchResources"]["controlPlane"], true);
+    let mut stock = json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlaneTemplate",
+        "metadata": {"name": "default-control-plane"},
+        "spec": {"template": {"spec": {"kubeadmConfigSpec": {"files": [],
+            "initConfiguration": {"nodeRegistration": {"kubeletExtraArgs": []}},
+            "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": []}}}}}}});
+    let ops: json_patch::Patch = serde_json::from_value(definition["jsonPatches"].clone()).unwrap();
+    json_patch::patch(&mut stock, &ops).unwrap();
+    let patched = &stock["spec"]["template"]["spec"]["kubeadmConfigSpec"];
+    validate(&schemas, &as_control_plane_config(patched))
+        .unwrap_or_else(|e| panic!("clusterclass-patch.yaml applied: {e}"));
+    assert_eq!(patched["files"], shipped["files"]);
+    for phase in ["initConfiguration", "joinConfiguration"] {
+        assert_eq!(patched[phase]["patches"], shipped[phase]["patches"], "{phase}");
+        assert_eq!(
+            patched[phase]["nodeRegistration"]["kubeletExtraArgs"],
+            shipped[phase]["nodeRegistration"]["kubeletExtraArgs"],
+            "{phase}"
+        );
+    }
 }
