@@ -8,6 +8,8 @@
 //!   [`gcp`] and [`aws`] the cloud identity providers ([`cloud`] holds what they share).
 //! - [`ca`]: the workload cluster CA and certificate issuance.
 //! - [`request`]: the node side: keys, CSRs and envelopes.
+//! - [`outside_attestation`]: the Nodes still outside attestation, and whether kubeadm's
+//!   rotation binding may go (SPEC section 7).
 //! - [`join_tokens`]: which join tokens the signer keeps for MachinePools and retires for
 //!   claimed Machines (SPEC section 7).
 //!
@@ -29,6 +31,7 @@ pub mod insecure;
 pub mod join_tokens;
 pub mod machine;
 pub mod names;
+pub mod outside_attestation;
 pub mod request;
 pub mod rules;
 pub mod target;

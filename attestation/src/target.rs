@@ -45,4 +45,12 @@ impl TargetRef {
             uid: uid.into(),
         }
     }
+
+    /// `Machine` or `MachinePool`, for messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            TargetKind::Machine => "Machine",
+            TargetKind::MachinePool => "MachinePool",
+        }
+    }
 }

@@ -81,22 +81,76 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     apply(&w.admin, &capi::node("cp-0", Some(&pid("cp-0")))).await;
     let mut signer = Signer::start(std::path::Path::new(SIGNER_BIN), &w.env, &["--csr-max-age", "6s"]).await;
 
-    // Both legacy bindings are removed and reported.
+    // The bootstrap binding is removed at once. Node cp-0 joined before the opt-in (its Machine
+    // holds no claim): the rotation binding is its only way to renew, so it is kept, and both the
+    // Node and the binding are reported (SPEC section 7, "No silent expiry").
     let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(w.admin.clone());
-    for binding in [
-        "kubeadm:node-autoapprove-bootstrap",
-        "kubeadm:node-autoapprove-certificate-rotation",
-    ] {
-        let mut removed = false;
-        for _ in 0..100 {
-            if bindings.get_opt(binding).await.unwrap().is_none() {
-                removed = true;
-                break;
+    let removed = |binding: &'static str| {
+        let bindings = bindings.clone();
+        async move {
+            for _ in 0..100 {
+                if bindings.get_opt(binding).await.unwrap().is_none() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            false
         }
-        assert!(removed, "{binding} still present; signer log:\n{}", signer.log());
+    };
+    assert!(
+        removed("kubeadm:node-autoapprove-bootstrap").await,
+        "the bootstrap binding is still present; signer log:\n{}",
+        signer.log()
+    );
+    let event_note = |regarding: &'static str, reason: &'static str| {
+        let out = w
+            .env
+            .kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);
+        let events: Value = serde_json::from_slice(&out.stdout).unwrap();
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["regarding"]["name"] == regarding && e["reason"] == reason)
+            .and_then(|e| e["note"].as_str().map(str::to_owned))
+    };
+    let mut kept = None;
+    for _ in 0..100 {
+        kept = event_note("prod", "LegacyRotationKept");
+        if kept.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let kept = kept.unwrap_or_else(|| panic!("no LegacyRotationKept Event; signer log:\n{}", signer.log()));
+    assert!(kept.contains("cp-0"), "the Event names the Node that needs it: {kept}");
+    assert!(
+        bindings
+            .get_opt("kubeadm:node-autoapprove-certificate-rotation")
+            .await
+            .unwrap()
+            .is_some(),
+        "kept while cp-0 is outside attestation"
+    );
+    let outside = event_note("cp-0", "NodeOutsideAttestation").expect("a Warning Event on Machine cp-0");
+    assert!(outside.contains("did not issue"), "{outside}");
+    let metrics = signer.metrics();
+    assert_eq!(
+        metric(
+            &metrics,
+            "node_attestation_nodes_outside_attestation{cluster=\"team-a/prod\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "node_attestation_legacy_binding_kept{cluster=\"team-a/prod\",binding=\"kubeadm:node-autoapprove-certificate-rotation\"}"
+        ),
+        1.0,
+        "{metrics}"
+    );
 
     // A node joins: approved, claimed, signed; the certificate is system:node:worker-0.
     let worker0 = RequestSpec::kubelet("worker-0", &pid("worker-0"));
@@ -414,6 +468,55 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
             "race {i}: the loser is refused for the claim: {loser:?}"
         );
     }
+
+    // cp-0 is adopted (rule 7): it asks with the identity it already holds (a certificate from
+    // the cluster CA, as kubeadm issued it before the opt-in) for the Machine whose Node it is.
+    // The Machine is claimed for it, and with no Node left outside attestation the rotation
+    // binding goes.
+    let (cp_cert, cp_key) = w.env.client_certificate("system:node:cp-0", &["system:nodes"]);
+    let cp0 = w.node_client("cp-0", &cp_cert, &cp_key).await;
+    file_csr(
+        &cp0,
+        "adopt-cp-0",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("cp-0", &pid("cp-0")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    issued(
+        &wait_final(&w.admin, "adopt-cp-0", false, WAIT).await,
+        "adoption of cp-0",
+    );
+    let machine = live::get(&w.admin, &w.own(capi::machine("cp-0", None))).await;
+    let claim: Value = serde_json::from_str(
+        machine["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claim["nodeName"], "cp-0");
+    // So is pool-node-2, registered above for a pool instance nobody claimed.
+    let (pool_cert, pool_key) = w.env.client_certificate("system:node:pool-node-2", &["system:nodes"]);
+    let pool_node = w.node_client("pool-node-2", &pool_cert, &pool_key).await;
+    file_csr(
+        &pool_node,
+        "adopt-pool-node-2",
+        SIGNER_INSECURE,
+        &RequestSpec::kubelet("pool-node-2", &pid("pool-2")).build(),
+        CLIENT_USAGES,
+    )
+    .await;
+    issued(
+        &wait_final(&w.admin, "adopt-pool-node-2", false, WAIT).await,
+        "adoption of pool-node-2",
+    );
+    assert!(
+        removed("kubeadm:node-autoapprove-certificate-rotation").await,
+        "the rotation binding goes once no Node is outside attestation; signer log:\n{}",
+        signer.log()
+    );
+    let gone = event_note("prod", "LegacyAutoapproveRemoved");
+    assert!(gone.is_some(), "the removal is an Event");
 
     // Every CSR this suite filed has ended; none pending, none approved twice.
     let csrs: Api<CertificateSigningRequest> = Api::all(w.admin.clone());

@@ -32,6 +32,10 @@ pub struct LegacyBinding {
     pub hole: &'static str,
 }
 
+/// kubeadm's rotation binding: kept while a Node outside attestation renews through it (SPEC
+/// section 7, "No silent expiry").
+pub const LEGACY_ROTATION_BINDING: &str = "kubeadm:node-autoapprove-certificate-rotation";
+
 /// kubeadm's auto-approve bindings (SPEC section 3): both are removed and reported.
 pub const LEGACY_AUTOAPPROVE_BINDINGS: [LegacyBinding; 2] = [
     LegacyBinding {
@@ -39,7 +43,7 @@ pub const LEGACY_AUTOAPPROVE_BINDINGS: [LegacyBinding; 2] = [
         hole: "lets any bootstrap token holder get any node identity from kube-controller-manager",
     },
     LegacyBinding {
-        name: "kubeadm:node-autoapprove-certificate-rotation",
+        name: LEGACY_ROTATION_BINDING,
         hole: "lets a node renew through kube-controller-manager without attestation (a stolen node key outlives its Machine's EK binding, and kubelet's own rotation replaces the attested certificate)",
     },
 ];

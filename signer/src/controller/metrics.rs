@@ -139,6 +139,9 @@ pub struct Metrics {
     issue_latency: Histogram,
     clusters: Family<StateLabels, Gauge>,
     legacy_autoapprove: Family<BindingLabels, Gauge>,
+    legacy_binding_kept: Family<BindingLabels, Gauge>,
+    nodes_outside: Family<ClusterLabels, Gauge>,
+    legacy_csrs_pending: Family<ClusterLabels, Gauge>,
     ca_not_after: Family<ClusterLabels, Gauge>,
     oldest_waiting: Family<ClusterLabels, Gauge>,
     apply_errors: Family<ClusterLabels, Counter>,
@@ -167,6 +170,9 @@ impl Metrics {
             )),
             clusters: Family::default(),
             legacy_autoapprove: Family::default(),
+            legacy_binding_kept: Family::default(),
+            nodes_outside: Family::default(),
+            legacy_csrs_pending: Family::default(),
             ca_not_after: Family::default(),
             oldest_waiting: Family::default(),
             apply_errors: Family::default(),
@@ -212,6 +218,21 @@ impl Metrics {
             "legacy_autoapprove_binding",
             "1 while a kubeadm auto-approve binding (node-autoapprove-bootstrap, node-autoapprove-certificate-rotation) exists in the workload cluster",
             metrics.legacy_autoapprove.clone(),
+        );
+        r.register(
+            "legacy_binding_kept",
+            "1 while the signer keeps kubeadm's rotation binding on purpose: Nodes outside attestation still renew through it",
+            metrics.legacy_binding_kept.clone(),
+        );
+        r.register(
+            "nodes_outside_attestation",
+            "Nodes of the workload cluster whose Machine or pool instance holds no valid claim for them (they renew outside attestation)",
+            metrics.nodes_outside.clone(),
+        );
+        r.register(
+            "legacy_kubelet_csrs_pending",
+            "CSRs for kubernetes.io/kube-apiserver-client-kubelet left pending in the workload cluster (kubeadm's TLS bootstrap or rotation, which the removed bindings no longer serve)",
+            metrics.legacy_csrs_pending.clone(),
         );
         r.register(
             "cluster_ca_not_after_timestamp_seconds",
@@ -390,17 +411,44 @@ impl Metrics {
             .set(i64::from(present));
     }
 
+    /// Whether the signer keeps `binding` of `cluster` on purpose (Nodes outside attestation).
+    pub fn legacy_binding_kept(&self, cluster: &str, binding: &str, kept: bool) {
+        self.legacy_binding_kept
+            .get_or_create(&BindingLabels {
+                cluster: cluster.to_owned(),
+                binding: binding.to_owned(),
+            })
+            .set(i64::from(kept));
+    }
+
+    /// The Nodes of `cluster` outside attestation, and its pending legacy kubelet CSRs.
+    pub fn outside_attestation(&self, cluster: &str, nodes: usize, legacy_csrs: usize) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        self.nodes_outside
+            .get_or_create(&labels)
+            .set(i64::try_from(nodes).unwrap_or(i64::MAX));
+        self.legacy_csrs_pending
+            .get_or_create(&labels)
+            .set(i64::try_from(legacy_csrs).unwrap_or(i64::MAX));
+    }
+
     /// Forgets a cluster's per-cluster series once it is no longer watched.
     pub fn forget_cluster(&self, cluster: &str) {
         let labels = ClusterLabels {
             cluster: cluster.to_owned(),
         };
         for binding in super::kubeadm::LEGACY_AUTOAPPROVE_BINDINGS {
-            self.legacy_autoapprove.remove(&BindingLabels {
+            let labels = BindingLabels {
                 cluster: cluster.to_owned(),
                 binding: binding.name.to_owned(),
-            });
+            };
+            self.legacy_autoapprove.remove(&labels);
+            self.legacy_binding_kept.remove(&labels);
         }
+        self.nodes_outside.remove(&labels);
+        self.legacy_csrs_pending.remove(&labels);
         self.queue_dropped.remove(&labels);
     }
 

@@ -15,6 +15,7 @@
 //! checked for without it, and says what only the signer can check.
 
 pub mod gather;
+pub mod outside;
 pub mod rbac;
 pub mod report;
 pub mod tokens;
@@ -204,15 +205,18 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     if args.pending {
         let listed = pending(&judge, &facts, &workload).await?;
         let join_tokens = join_tokens(&reader, &facts, &workload, judge.now).await;
+        let outside = outside::report(&facts.cluster, &facts.inventory, &workload.nodes, &workload.csrs);
         match args.output {
             OutputFormat::Json => println!(
                 "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"cluster": cluster_key, "csrs": listed, "joinTokens": join_tokens, "notes": notes})
-                )?
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "cluster": cluster_key, "csrs": listed, "outsideAttestation": outside,
+                    "joinTokens": join_tokens, "notes": notes
+                }))?
             ),
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));
+                print!("{}", outside::render(&outside));
                 print!("{}", tokens::render(&join_tokens));
                 for note in &notes {
                     println!("note: {note}");
@@ -228,9 +232,28 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
             .iter()
             .find(|c| c.metadata.name.as_deref() == Some(csr_name.as_str()))
             .with_context(|| format!("there is no CSR {csr_name:?} in the workload cluster of {cluster_key}"))?,
-        (None, Some(node)) => report::newest_for_node(&workload.csrs, node).with_context(|| {
-            format!("no CSR of the workload cluster of {cluster_key} asks for node {node:?} or was filed by it")
-        })?,
+        (None, Some(node)) => match report::newest_for_node(&workload.csrs, node) {
+            Some(csr) => csr,
+            None => {
+                // No CSR: a node outside attestation (it never asked the signer) is still explained.
+                let outside = outside::report(&facts.cluster, &facts.inventory, &workload.nodes, &workload.csrs);
+                let Some(text) = outside::for_node(&outside, node) else {
+                    bail!("no CSR of the workload cluster of {cluster_key} asks for node {node:?} or was filed by it");
+                };
+                match args.output {
+                    OutputFormat::Json => println!(
+                        "{}",
+                        serde_json::to_string_pretty(&serde_json::json!({
+                            "cluster": cluster_key, "node": node,
+                            "outsideAttestation": outside.nodes.iter().find(|n| n.node == *node),
+                            "remedy": outside::REMEDY, "notes": notes
+                        }))?
+                    ),
+                    OutputFormat::Text => print!("Cluster {cluster_key}, node {node}: no CSR of it\n{text}"),
+                }
+                return Ok(());
+            }
+        },
         (None, None) => bail!("name a CSR, or give --node or --pending"),
     };
     let decision = judge.decide(csr, &facts, &workload).await?;

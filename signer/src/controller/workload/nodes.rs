@@ -111,6 +111,23 @@ impl NodeIndex {
         }
     }
 
+    /// Every Node, when the index is live (SPEC section 7: the Nodes outside attestation);
+    /// otherwise why not.
+    pub fn all(&self) -> Result<Vec<NodeView>, String> {
+        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(NodeLookup::Unavailable(why)) = state.unavailable() {
+            return Err(why);
+        }
+        Ok(state
+            .by_name
+            .iter()
+            .map(|(name, provider_id)| NodeView {
+                name: name.clone(),
+                provider_id: provider_id.clone(),
+            })
+            .collect())
+    }
+
     /// The Node called `name`.
     pub fn with_name(&self, name: &str) -> NodeLookup {
         let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);

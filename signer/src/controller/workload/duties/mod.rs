@@ -1,6 +1,6 @@
 //! A workload cluster's duties that are not CSR decisions, run by its worker beside the CSR
-//! loop on the same client: kubeadm's auto-approve bindings (SPEC section 3) and the join
-//! tokens (SPEC section 7).
+//! loop on the same client: kubeadm's auto-approve bindings (SPEC section 3), the Nodes outside
+//! attestation that decide the rotation binding's fate, and the join tokens (SPEC section 7).
 //!
 //! A duty may read the management cache and write to the workload cluster's own objects of its
 //! concern; it never decides or writes a CSR, and it reports through the worker's Events and
@@ -8,3 +8,4 @@
 
 pub mod join_tokens;
 pub mod legacy_bindings;
+pub mod outside_attestation;
