@@ -166,6 +166,21 @@ pub fn install(
     key_pem: &str,
     now: OffsetDateTime,
 ) -> Result<(), String> {
+    // kubelet's own bootstrap names one file (certificate and key) for both.
+    let blocks = |text: &str, wanted: fn(&str) -> bool| -> Result<Zeroizing<String>, String> {
+        let parsed = pem::parse_many(text.as_bytes()).map_err(|e| format!("not PEM: {e}"))?;
+        Ok(Zeroizing::new(
+            parsed
+                .iter()
+                .filter(|b| wanted(b.tag()))
+                .map(pem::encode)
+                .collect::<Vec<_>>()
+                .concat(),
+        ))
+    };
+    let cert_pem = blocks(cert_pem, |tag| tag == "CERTIFICATE")?;
+    let key_pem = blocks(key_pem, |tag| tag.ends_with("PRIVATE KEY"))?;
+    let (cert_pem, key_pem) = (cert_pem.as_str(), key_pem.as_str());
     let contents = Zeroizing::new(format!("{}\n{}\n", cert_pem.trim_end(), key_pem.trim_end()));
     crate::cert_dir::check(&contents, node, None, now)
         .map_err(|why| format!("the certificate to adopt is not usable for node {node}: {why}"))?;

@@ -13,7 +13,7 @@
 //! control-plane Node, so `cp-0` is registered first, with the hostname label kubeadm waits for,
 //! as kubeadm init's kubelet would have), `bootstrap-token` (the join token of `init.yaml`'s `bootstrapTokens`, its RBAC,
 //! `cluster-info` in kube-public readable by `system:anonymous`, which the apiserver allows, and
-//! kubeadm's two auto-approve bindings, which the signer removes). kube-controller-manager also
+//! kubeadm's two auto-approve bindings: the signer removes the bootstrap one). kube-controller-manager also
 //! runs `bootstrapsigner`, which signs `cluster-info` for the token (join's discovery needs the
 //! JWS); the join pins the CA by its hash.
 //!
@@ -63,7 +63,8 @@
 //! provider ID; kubelet's identity is `system:node:worker-0`, from one CSR filed with the join
 //! token under the insecure signer and approved `AttestedInsecureV1`; kubeadm deleted
 //! `bootstrap-kubelet.conf`, and `kubelet.conf` is the plugin's (exec, `provideClusterInfo`,
-//! no token); kubeadm's auto-approve bindings are gone; kubeadm's CRI-socket annotation is on
+//! no token); kubeadm's bootstrap binding is gone (its rotation binding is kept, reported, for
+//! `cp-0`, which is outside attestation here); kubeadm's CRI-socket annotation is on
 //! the Node, written through `kubelet.conf` (the join token may not patch Nodes); the serving
 //! CSR is approved by the signer and signed by kube-controller-manager, and kubelet serves it;
 //! with 3-minute certificates the plugin renews as the node with the bootstrap file gone (it
@@ -665,18 +666,40 @@ kind: KubeletConfiguration
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // The signer removes kubeadm's auto-approve bindings: from now on only it approves.
+    // The signer removes kubeadm's bootstrap binding: from now on only it hands out identities.
+    // The rotation binding stays while a Node is outside attestation (SPEC section 7, "No
+    // silent expiry"): here cp-0, kubeadm init's node, which belongs to no Machine of the
+    // Cluster (envtest_adoption and envtest_controller show it going once none is left).
     let signer_flags = |duration: &'static str| ["--client-cert-duration", duration, "--leader-elect", "false"];
     let mut signer = Signer::start(&signer_bin(), &w.env, &signer_flags(SHORT)).await;
     recorder.pid(signer.pid().unwrap());
     let bindings: Api<ClusterRoleBinding> = Api::all(w.admin.clone());
-    for binding in AUTO_APPROVE_BINDINGS {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while bindings.get_opt(binding).await.unwrap().is_some() {
-            assert!(Instant::now() < deadline, "{binding} is still there\n{}", signer.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    let [bootstrap_binding, rotation_binding] = AUTO_APPROVE_BINDINGS;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while bindings.get_opt(bootstrap_binding).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "{bootstrap_binding} is still there\n{}",
+            signer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !signer
+        .log()
+        .contains("kept: Nodes outside attestation renew through it")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{rotation_binding} is not reported kept\n{}",
+            signer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        bindings.get_opt(rotation_binding).await.unwrap().is_some(),
+        "{rotation_binding} is kept for {CONTROL_PLANE}"
+    );
 
     // The bootstrap provider's part: the template's files and join configuration, with
     // cloud-init's instance metadata.
@@ -962,9 +985,10 @@ kind: KubeletConfiguration
         0o600,
         "kubelet.conf's mode"
     );
-    for binding in AUTO_APPROVE_BINDINGS {
-        assert!(bindings.get_opt(binding).await.unwrap().is_none(), "{binding} is back");
-    }
+    assert!(
+        bindings.get_opt(bootstrap_binding).await.unwrap().is_none(),
+        "{bootstrap_binding} is back"
+    );
 
     // The serving CSR: filed by the node, approved by the signer, signed by
     // kube-controller-manager; kubelet serves it.

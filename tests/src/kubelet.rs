@@ -652,11 +652,18 @@ impl ControllerManager {
     /// `--controllers`), e.g. also `bootstrapsigner`, which signs `cluster-info` for
     /// `kubeadm join`'s token discovery.
     pub fn start_with_controllers(assets: &Path, env: &Envtest, host: &Host, controllers: &[&str]) -> Self {
+        Self::start_with_args(assets, env, host, controllers, &[])
+    }
+
+    /// [`ControllerManager::start_with_controllers`] with `extra` flags (e.g.
+    /// `--cluster-signing-duration=3m`, so a node of kubeadm's own path rotates within a suite).
+    pub fn start_with_args(assets: &Path, env: &Envtest, host: &Host, controllers: &[&str], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         host.recorder().folder(dir.path());
         let log = dir.path().join("kube-controller-manager.log");
         let child = Command::new(assets.join("kube-controller-manager"))
             .args(controller_manager_args(env, controllers))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log_file(&log))
             .stderr(log_file(&log))
