@@ -73,10 +73,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
@@ -84,9 +82,13 @@ use kube::Api;
 use serde_json::{Value, json};
 use tests::capi;
 use tests::envtest::Envtest;
+use tests::kubeadm_node::{
+    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, ROLE, SYSTEMD_PATH, Unit, VAR_LIB_KUBELET, ca_cert_hash, expand,
+    render, require, role_variables, wait_exit,
+};
 use tests::kubelet::{
-    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, MountPoint, NODE_IP, Recorder, der, node, now,
-    program_path, ready_past, secs, validity, wait_current, wait_renewed_and_ready,
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, der, node, now, ready_past, secs, validity,
+    wait_current, wait_renewed_and_ready,
 };
 use tests::live::{self, Signer, Workload, apply};
 use tests::strict_der::assert_strict_der_pem;
@@ -116,7 +118,6 @@ const AUTO_APPROVE_BINDINGS: [&str; 2] = [
 const SHORT: &str = "3m";
 /// The signer's `--client-cert-duration` once the first certificate is issued.
 const LONG: &str = "1h";
-const ROLE: &str = "images/image-builder/ansible/roles/kubelet_authenticator";
 const TEMPLATE: &str = "images/kubeadm/kubeadm-config-template.yaml";
 /// The preflight checks skipped, and why (see the module documentation).
 const IGNORED_PREFLIGHT_ERRORS: [(&str, &str); 6] = [
@@ -141,373 +142,14 @@ const NEVER_IGNORED: [&str; 2] = [
     "FileAvailable--etc-kubernetes-kubelet.conf",
     "FileAvailable--etc-kubernetes-bootstrap-kubelet.conf",
 ];
-/// kubeadm's kubelet drop-in as the Kubernetes packages install it
-/// (`/usr/lib/systemd/system/kubelet.service.d/10-kubeadm.conf`, kubernetes/release).
-const KUBEADM_DROPIN: &str = r#"# Note: This dropin only works with kubeadm and kubelet v1.11+
-[Service]
-Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
-Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
-# This is a file that "kubeadm init" and "kubeadm join" generates at runtime, populating the KUBELET_KUBEADM_ARGS variable dynamically
-EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
-# This is a file that the user can use for overrides of the kubelet args as a last resort. Preferably, the user should use
-# the .NodeRegistration.KubeletExtraArgs object in the configuration files instead. KUBELET_EXTRA_ARGS should be sourced from this file.
-EnvironmentFile=-/etc/default/kubelet
-ExecStart=
-ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-"#;
-/// systemd's `PATH` for services.
-const SYSTEMD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// The node's fixed folders, bind-mounted in its namespace.
-const ETC_KUBERNETES: &str = "/etc/kubernetes";
-const VAR_LIB_KUBELET: &str = "/var/lib/kubelet";
-
 fn signer_bin() -> PathBuf {
     live::sibling_binary(PLUGIN, "node-attestation-signer")
-}
-
-/// The envtest folder, when this host can run kubelet and kubeadm here; otherwise panics
-/// saying what is missing (`scripts/test` skips the suite then).
-fn require() -> PathBuf {
-    let mut missing = tests::kubelet::missing_parts();
-    if let Some(dir) = std::env::var_os("KUBEBUILDER_ASSETS") {
-        let kubeadm = Path::new(&dir).join("kubeadm");
-        if std::fs::metadata(&kubeadm)
-            .map(|m| m.permissions().mode() & 0o111 == 0)
-            .unwrap_or(true)
-        {
-            missing.push(format!("kubeadm in KUBEBUILDER_ASSETS={}", Path::new(&dir).display()));
-        }
-    }
-    for program in ["unshare", "nsenter", "sh", "env", "sleep"] {
-        if program_path(program).is_none() {
-            missing.push(format!("{program} (Debian: util-linux, coreutils)"));
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "envtest_kubeadm runs kubeadm join and a real kubelet and needs: {}; run scripts/test, which skips this test without them",
-        missing.join(", ")
-    );
-    tests::envtest::assets("envtest_kubeadm")
-}
-
-/// kubeadm's CA pin: `sha256:<hex of the SHA-256 of the CA's SubjectPublicKeyInfo>`.
-fn ca_cert_hash(ca_pem: &[u8]) -> String {
-    let der = der(std::str::from_utf8(ca_pem).unwrap());
-    let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
-    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, cert.tbs_certificate.subject_pki.raw);
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256:{hex}")
-}
-
-/// A Jinja template with only `{{ name }}` expressions (what the role's drop-in and the
-/// template's cloud-init values use), each looked up; anything else (statements, comments,
-/// filters, an unknown name) fails the suite rather than being rendered wrong.
-fn render(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
-    assert!(
-        !template.contains("{%") && !template.contains("{#"),
-        "a Jinja statement or comment this suite does not render:\n{template}"
-    );
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
-        let end = rest[start..].find("}}").expect("an unterminated {{") + start;
-        let name = rest[start + 2..end].trim();
-        out.push_str(&lookup(name).unwrap_or_else(|| panic!("no value for {{{{ {name} }}}}")));
-        rest = &rest[end + 2..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The role's variables: its defaults (`defaults/main.yml`) with `overrides`.
-fn role_variables(overrides: &[(&str, &str)]) -> BTreeMap<String, String> {
-    let text = std::fs::read_to_string(tests::repo_root().join(ROLE).join("defaults/main.yml")).unwrap();
-    let defaults: BTreeMap<String, serde_yaml::Value> = serde_yaml::from_str(&text).unwrap();
-    let mut variables: BTreeMap<String, String> = defaults
-        .into_iter()
-        .filter_map(|(k, v)| v.as_str().map(|s| (k, s.to_owned())))
-        .collect();
-    for (key, value) in overrides {
-        assert!(variables.contains_key(*key), "the role has no variable {key}");
-        variables.insert((*key).to_owned(), (*value).to_owned());
-    }
-    variables
-}
-
-/// The `[Service]` settings of a unit's drop-ins, in the order systemd reads them.
-#[derive(Debug, Default)]
-struct Unit {
-    environment: Vec<(String, String)>,
-    /// Paths, and whether a missing file is fine (`-`).
-    environment_files: Vec<(String, bool)>,
-    exec_start_pre: Vec<String>,
-    exec_start: Option<String>,
-}
-
-impl Unit {
-    fn read(dropins: &[&str]) -> Self {
-        let mut unit = Self::default();
-        for text in dropins {
-            for line in text.lines().map(str::trim) {
-                if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
-                    continue;
-                }
-                let (key, value) = line.split_once('=').unwrap_or_else(|| panic!("a unit line: {line}"));
-                match key {
-                    "Environment" => {
-                        let value = value
-                            .strip_prefix('"')
-                            .and_then(|v| v.strip_suffix('"'))
-                            .unwrap_or(value);
-                        let (name, setting) = value.split_once('=').expect("Environment=NAME=VALUE");
-                        unit.environment.push((name.to_owned(), setting.to_owned()));
-                    }
-                    "EnvironmentFile" => {
-                        let optional = value.starts_with('-');
-                        unit.environment_files
-                            .push((value.trim_start_matches('-').to_owned(), optional));
-                    }
-                    "ExecStartPre" => unit.exec_start_pre.push(value.to_owned()),
-                    "ExecStart" if value.is_empty() => unit.exec_start = None,
-                    "ExecStart" => unit.exec_start = Some(value.to_owned()),
-                    other => panic!("a unit setting this suite does not run: {other}"),
-                }
-            }
-        }
-        unit
-    }
-
-    /// The service's environment: `Environment=` in order (later wins), then the files'
-    /// settings, which override (read through `read`, a node path to its text).
-    fn environment(&self, read: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = Vec::new();
-        let mut set = |name: &str, value: &str| {
-            env.retain(|(n, _)| n != name);
-            env.push((name.to_owned(), value.to_owned()));
-        };
-        for (name, value) in &self.environment {
-            set(name, value);
-        }
-        for (path, optional) in &self.environment_files {
-            let Some(text) = read(path) else {
-                assert!(optional, "EnvironmentFile={path} is missing");
-                continue;
-            };
-            for line in text.lines().map(str::trim) {
-                if line.is_empty() || line.starts_with('#') {
-                    continue;
-                }
-                let (name, value) = line.split_once('=').unwrap_or_else(|| panic!("{path}: {line}"));
-                let value = value
-                    .strip_prefix('"')
-                    .and_then(|v| v.strip_suffix('"'))
-                    .unwrap_or(value);
-                set(name.trim(), value);
-            }
-        }
-        env
-    }
-}
-
-/// A command line as systemd splits it: words, `$NAME` replaced by the variable's words.
-fn expand(command: &str, env: &[(String, String)]) -> Vec<String> {
-    let lookup = |name: &str| env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
-    command
-        .split_whitespace()
-        .flat_map(|word| match word.strip_prefix('$') {
-            Some(name) => lookup(name)
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(ToOwned::to_owned)
-                .collect(),
-            None => vec![word.to_owned()],
-        })
-        .collect()
-}
-
-/// The node: a private mount and UTS namespace held by a `sleep` (see the module
-/// documentation), its folders for `/etc/kubernetes` and `/var/lib/kubelet`, and the stub
-/// `systemctl`'s record. On drop every process in it is killed, then the holder.
-struct NodeNamespace {
-    holder: Child,
-    dir: tempfile::TempDir,
-    nsenter: PathBuf,
-}
-
-impl NodeNamespace {
-    /// Binds `etc`, `var`, the plugin onto `install_path` and the stub onto every `systemctl`
-    /// on systemd's `PATH`; sets the hostname to [`NODE`].
-    fn start(host: &mut Host, recorder: &Recorder, install_path: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        recorder.folder(dir.path());
-        let d = dir.path();
-        for sub in ["etc-kubernetes", "var-lib-kubelet"] {
-            std::fs::create_dir(d.join(sub)).unwrap();
-        }
-        let stub = d.join("systemctl");
-        std::fs::write(
-            &stub,
-            format!(
-                "#!/bin/sh\n# systemd is absent here: the suite starts kubelet; this records kubeadm's calls.\necho \"$*\" >> {}\n",
-                d.join("systemctl.log").display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut systemctls: Vec<PathBuf> = std::env::split_paths(SYSTEMD_PATH)
-            .map(|p| p.join("systemctl"))
-            .filter(|p| p.is_file())
-            .filter_map(|p| p.canonicalize().ok())
-            .collect();
-        systemctls.sort();
-        systemctls.dedup();
-
-        host.mount_point(Path::new(ETC_KUBERNETES), MountPoint::Folder);
-        host.mount_point(Path::new(VAR_LIB_KUBELET), MountPoint::Folder);
-        host.mount_point(Path::new(install_path), MountPoint::File);
-        let mut script = String::from("set -eu\n");
-        let mut bind = |from: &Path, onto: &Path| {
-            script.push_str(&format!("mount --bind '{}' '{}'\n", from.display(), onto.display()));
-        };
-        bind(&d.join("etc-kubernetes"), Path::new(ETC_KUBERNETES));
-        bind(&d.join("var-lib-kubelet"), Path::new(VAR_LIB_KUBELET));
-        bind(Path::new(PLUGIN), Path::new(install_path));
-        for systemctl in &systemctls {
-            bind(&stub, systemctl);
-        }
-        script.push_str(&format!("hostname {NODE}\necho ready\nexec sleep infinity\n"));
-        std::fs::write(d.join("namespace.sh"), &script).unwrap();
-        let log = d.join("namespace.log");
-        let holder = Command::new(program_path("unshare").unwrap())
-            .args(["--mount", "--uts", "--propagation", "private", "--", "sh"])
-            .arg(d.join("namespace.sh"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::from(std::fs::File::create(d.join("namespace.err")).unwrap()))
-            .spawn()
-            .expect("unshare");
-        recorder.process(&holder);
-        let mut namespace = Self {
-            holder,
-            dir,
-            nsenter: program_path("nsenter").unwrap(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::fs::read_to_string(&log).unwrap_or_default().trim() != "ready" {
-            let exited = matches!(namespace.holder.try_wait(), Ok(Some(_)));
-            assert!(
-                !exited && Instant::now() < deadline,
-                "the node's namespace did not come up:\n{script}\n{}",
-                std::fs::read_to_string(namespace.dir.path().join("namespace.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        namespace
-    }
-
-    /// The host path behind a node path under `/etc/kubernetes` or `/var/lib/kubelet`; panics
-    /// for any other (it would be the host's own).
-    fn path(&self, node_path: &str) -> PathBuf {
-        for (mount, sub) in [(ETC_KUBERNETES, "etc-kubernetes"), (VAR_LIB_KUBELET, "var-lib-kubelet")] {
-            if let Ok(rest) = Path::new(node_path).strip_prefix(mount) {
-                return self.dir.path().join(sub).join(rest);
-            }
-        }
-        panic!("{node_path} is not under {ETC_KUBERNETES} or {VAR_LIB_KUBELET}, the node's own folders here");
-    }
-
-    /// A node file's text as a process in the namespace reads it (through the holder's root).
-    fn read(&self, node_path: &str) -> Option<String> {
-        let inside = format!("/proc/{}/root{node_path}", self.holder.id());
-        std::fs::read_to_string(inside).ok()
-    }
-
-    /// `nsenter`'s arguments that run `env -i <env> <program> <args>` in the namespace, in
-    /// the same process (nsenter and env execute, they do not fork).
-    fn args(&self, env: &[(String, String)], program: &Path, args: &[String]) -> Vec<String> {
-        let pid = self.holder.id();
-        let mut all = vec![
-            format!("--mount=/proc/{pid}/ns/mnt"),
-            format!("--uts=/proc/{pid}/ns/uts"),
-            "--".to_owned(),
-            program_path("env").unwrap().display().to_string(),
-            "-i".to_owned(),
-        ];
-        all.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
-        all.push(program.display().to_string());
-        all.extend(args.iter().cloned());
-        all
-    }
-
-    fn command(&self, env: &[(String, String)], program: &Path, args: &[String]) -> Command {
-        let mut command = Command::new(&self.nsenter);
-        command.args(self.args(env, program, args)).stdin(Stdio::null());
-        command
-    }
-
-    /// What kubeadm asked systemd.
-    fn systemctl_calls(&self) -> Vec<String> {
-        std::fs::read_to_string(self.dir.path().join("systemctl.log"))
-            .unwrap_or_default()
-            .lines()
-            .map(ToOwned::to_owned)
-            .collect()
-    }
-
-    /// The processes in the namespace (the holder's mount namespace) but the holder.
-    fn members(&self) -> Vec<u32> {
-        let Ok(ns) = std::fs::read_link(format!("/proc/{}/ns/mnt", self.holder.id())) else {
-            return Vec::new();
-        };
-        std::fs::read_dir("/proc")
-            .map(|entries| {
-                entries
-                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|pid| *pid != self.holder.id())
-                    .filter(|pid| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|n| n == ns))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for NodeNamespace {
-    fn drop(&mut self) {
-        for _ in 0..20 {
-            let members = self.members();
-            if members.is_empty() {
-                break;
-            }
-            for pid in members {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.holder.kill();
-        let _ = self.holder.wait();
-    }
-}
-
-/// Waits for a child to exit, at most `timeout`.
-async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kubelet and kubeadm: root, kubelet, kube-controller-manager and kubeadm beside kube-apiserver in KUBEBUILDER_ASSETS, containerd, runc, unshare and nsenter"]
 async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
-    let assets = require();
+    let assets = require("envtest_kubeadm");
     let began = Instant::now();
     let mut host = Host::claim();
     for name in NEVER_IGNORED {
@@ -553,7 +195,7 @@ async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
     // The node's namespace, with the image as the role leaves it.
     let role = role_variables(&[("kubelet_authenticator_attestor", "insecure")]);
     let install_path = role["kubelet_authenticator_install_path"].clone();
-    let ns = NodeNamespace::start(&mut host, &recorder, &install_path);
+    let ns = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), NODE);
     for dir in [ETC_KUBERNETES.to_owned(), format!("{ETC_KUBERNETES}/pki")] {
         std::fs::create_dir_all(ns.path(&dir)).unwrap();
     }

@@ -10,6 +10,7 @@ pub mod cloud;
 pub mod csr;
 pub mod envtest;
 pub mod fleet;
+pub mod kubeadm_node;
 pub mod kubelet;
 pub mod live;
 pub mod moto;
