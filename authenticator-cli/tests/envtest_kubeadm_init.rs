@@ -19,7 +19,14 @@
 //! user at `kubelet-client-current.pem` and restarts kubelet: the drop-in renders it back).
 //! The phases skipped, and why ([`SKIPPED_PHASES`]): what needs the control plane's static pods
 //! (images this machine cannot pull; the suite runs kube-apiserver and kube-controller-manager
-//! itself, on the suite's etcd) or its other certificates.
+//! itself, on the suite's etcd, external to kubeadm) or its other certificates.
+//!
+//! Then a second control-plane node (`cp-1`) runs an unmodified `kubeadm join --control-plane`
+//! with the shipped joinConfiguration, its control-plane phases skipped
+//! ([`JOIN_SKIPPED_PHASES`]; etcd is external, so `check-etcd` and `etcd-join` have nothing to
+//! do), and joins with the plugin's identity: one CSR with its Machine's join token, the Machine
+//! claimed, the bootstrap kubeconfig deleted, the Node Ready and marked control-plane. Neither
+//! node ever files a `kubernetes.io/kube-apiserver-client-kubelet` CSR.
 
 #![allow(clippy::unwrap_used)]
 
@@ -31,7 +38,8 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, ROLE, SYSTEMD_PATH, Unit, expand, render, require, role_variables,
+    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, ROLE, SYSTEMD_PATH, Unit, ca_cert_hash, expand, render, require,
+    role_variables,
 };
 use tests::kubelet::{
     Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, node, ready_past, secs, validity,
@@ -79,7 +87,10 @@ const SKIPPED_PHASES: [(&str, &str); 10] = [
         "kubeconfig admin, super-admin, controller-manager, scheduler",
         "for control-plane processes the suite starts with its own credentials (admin.conf holds the suite's admin credential)",
     ),
-    ("etcd local", "external etcd: the suite's"),
+    (
+        "etcd local",
+        "external etcd (ClusterConfiguration.etcd.external): the suite's",
+    ),
     (
         "control-plane",
         "static pods of kube-apiserver, kube-controller-manager and kube-scheduler need images this machine cannot pull: the suite runs them",
@@ -95,6 +106,36 @@ const SKIPPED_PHASES: [(&str, &str); 10] = [
         "show-join-command",
         "prints the join command; nothing of the node's identity",
     ),
+];
+
+/// The second control-plane node and its Machine.
+const SECOND_NODE: &str = "cp-1";
+const SECOND_MACHINE: &str = "prod-cp-b9q4w";
+const SECOND_INSTANCE_ID: &str = "i-0kubeadmjoincp";
+const SECOND_PROVIDER_ID: &str = "aws:///us-east-1a/i-0kubeadmjoincp";
+/// The join token (`bootstrap-token` phase, the second Machine's KubeadmConfig's).
+const JOIN_TOKEN_ID: &str = "kadmin";
+const JOIN_TOKEN: &str = "kadmin.0123456789abcdef";
+
+/// The phases of `kubeadm join --control-plane` skipped, and why.
+const JOIN_SKIPPED_PHASES: [(&str, &str); 5] = [
+    (
+        "preflight",
+        "checks the host for a control plane (ports, manifests) and the shared certificates the skipped certs phase would use",
+    ),
+    (
+        "control-plane-prepare/download-certs",
+        "no --certificate-key: Cluster API hands the CA to the Machine itself",
+    ),
+    (
+        "control-plane-prepare/certs",
+        "the control plane's serving and client certificates, for static pods that do not run here",
+    ),
+    (
+        "control-plane-prepare/control-plane",
+        "static pod manifests whose images this machine cannot pull",
+    ),
+    ("wait-control-plane", "waits for those static pods through kubelet"),
 ];
 
 fn signer_bin() -> PathBuf {
@@ -135,7 +176,13 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     init_config["spec"] = spec.clone();
     apply(&admin, &init_config).await;
     let csrs = CsrRecorder::start(w.admin.clone()).await;
-    let kcm = ControllerManager::start(&assets, &w.env, &host);
+    // bootstrapsigner signs cluster-info for the join token (the second node's discovery).
+    let kcm = ControllerManager::start_with_controllers(
+        &assets,
+        &w.env,
+        &host,
+        &["csrsigning", "csrapproving", "bootstrapsigner"],
+    );
     let containerd = Containerd::start(&host);
     let mut kubelet = Kubelet::new(&assets, &host, &containerd, NODE, PROVIDER_ID);
     let signer = Signer::start(
@@ -205,7 +252,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     // The control plane's own address (kubeadm refuses loopback; the node reaches the
     // apiserver through controlPlaneEndpoint).
     init["localAPIEndpoint"] = json!({"advertiseAddress": "192.0.2.10", "bindPort": port.parse::<u16>().unwrap()});
-    init["bootstrapTokens"] = json!([{"token": "kadmin.0123456789abcdef", "ttl": "1h"}]);
+    init["bootstrapTokens"] = json!([{"token": JOIN_TOKEN, "ttl": "1h"}]);
     init["nodeRegistration"]["name"] = json!(NODE);
     init["nodeRegistration"]["criSocket"] = json!(containerd.endpoint());
     init["nodeRegistration"]["kubeletExtraArgs"]
@@ -215,7 +262,8 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     let version = w.admin.apiserver_version().await.unwrap().git_version;
     let cluster = json!({"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
         "kubernetesVersion": version, "clusterName": capi::CLUSTER, "controlPlaneEndpoint": endpoint,
-        "certificateValidityPeriod": KUBEADM_VALIDITY, "networking": {"serviceSubnet": "10.0.0.0/24"}});
+        "certificateValidityPeriod": KUBEADM_VALIDITY, "networking": {"serviceSubnet": "10.0.0.0/24"},
+        "etcd": {"external": {"endpoints": [w.env.etcd_url()]}}});
     let sandbox = tests::kubelet::sandbox_config(
         &containerd.endpoint(),
         kubelet.port,
@@ -254,7 +302,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     };
     // systemd's part: the unit's ExecStartPre, then kubelet, as systemd would.
     let kubelet_conf = role["kubelet_authenticator_kubeconfig"].clone();
-    let start_unit = |kubelet: &mut Kubelet| {
+    let start_unit = |ns: &NodeNamespace, kubelet: &mut Kubelet| {
         let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
             .chain(unit.environment(|path| ns.read(path)))
             .collect();
@@ -303,7 +351,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "kubeadm asked systemd for kubelet: {:?}",
         ns.systemctl_calls()
     );
-    let adopted_said = start_unit(&mut kubelet);
+    let adopted_said = start_unit(&ns, &mut kubelet);
     assert!(adopted_said.contains("adopted"), "{adopted_said}");
     assert!(
         ns.read(&format!("{kubelet_conf}.pre-adoption")).is_some(),
@@ -377,7 +425,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "kubelet-finalize ran: {finalized}"
     );
     kubelet.stop();
-    let rendered_said = start_unit(&mut kubelet);
+    let rendered_said = start_unit(&ns, &mut kubelet);
     let conf = ns.read(&kubelet_conf).unwrap();
     assert!(
         conf.contains("exec:") && !conf.contains("client-certificate"),
@@ -406,6 +454,203 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "no legacy kubelet CSR: {:?}",
         csrs.of(LEGACY_SIGNER)
     );
+
+    // 5. A second control-plane node: an unmodified `kubeadm join --control-plane` with the
+    //    shipped joinConfiguration, its static-pod and etcd phases skipped (JOIN_SKIPPED_PHASES),
+    //    gets its identity exactly as a worker: the plugin, the Machine's join token, one CSR.
+    let join_started = Instant::now();
+    let mut second = w.own(capi::machine(SECOND_MACHINE, Some(SECOND_PROVIDER_ID)));
+    second["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
+    second["spec"]["bootstrap"]["configRef"]["name"] = json!(SECOND_MACHINE);
+    second["status"]["addresses"] = json!([
+        {"type": "InternalIP", "address": NODE_IP.to_string()},
+        {"type": "Hostname", "address": SECOND_NODE}
+    ]);
+    apply(&admin, &second).await;
+    let mut second_config = w.own(capi::kubeadm_config(SECOND_MACHINE, JOIN_TOKEN_ID, "v1beta2"));
+    let discovery = second_config["spec"]["joinConfiguration"]["discovery"].clone();
+    second_config["spec"] = spec.clone();
+    second_config["spec"]["joinConfiguration"]["discovery"] = discovery;
+    apply(&admin, &second_config).await;
+    // What kubeadm init creates for the admin.conf it writes (group kubeadm:cluster-admins):
+    // the join's own admin.conf (control-plane-prepare/kubeconfig) needs it.
+    apply(
+        &w.admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:cluster-admins"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "kubeadm:cluster-admins"}]}),
+    )
+    .await;
+    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(w.admin.clone(), "kube-public");
+    let deadline = Instant::now() + WAIT;
+    while !configmaps
+        .get_opt("cluster-info")
+        .await
+        .unwrap()
+        .and_then(|c| c.data)
+        .is_some_and(|d| d.contains_key(&format!("jws-kubeconfig-{JOIN_TOKEN_ID}")))
+    {
+        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let containerd2 = Containerd::start(&host);
+    let mut kubelet2 = Kubelet::new(&assets, &host, &containerd2, SECOND_NODE, SECOND_PROVIDER_ID);
+    let ns2 = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), SECOND_NODE);
+    // The control plane's CA, as Cluster API hands it to a joining control-plane Machine.
+    std::fs::create_dir_all(ns2.path(&format!("{ETC_KUBERNETES}/pki"))).unwrap();
+    std::fs::write(
+        ns2.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
+        &w.env.client_ca.cert_pem,
+    )
+    .unwrap();
+    std::fs::write(
+        ns2.path(&format!("{ETC_KUBERNETES}/pki/ca.key")),
+        &w.env.client_ca.key_pem,
+    )
+    .unwrap();
+    let cert_dir2 = ns2.path(&role["kubelet_authenticator_cert_dir"]);
+    std::fs::create_dir_all(&cert_dir2).unwrap();
+    std::fs::set_permissions(&cert_dir2, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let metadata2 = |name: &str| match name {
+        "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
+        "ds.meta_data.instance_id" => Some(SECOND_INSTANCE_ID.to_owned()),
+        _ => None,
+    };
+    for file in spec["files"].as_array().unwrap() {
+        let on_host = ns2.path(file["path"].as_str().unwrap());
+        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
+        std::fs::write(&on_host, render(file["content"].as_str().unwrap(), metadata2)).unwrap();
+        let mode = u32::from_str_radix(file["permissions"].as_str().unwrap(), 8).unwrap();
+        std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut join: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata2)).unwrap();
+    join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
+    join["kind"] = json!("JoinConfiguration");
+    join["discovery"] = json!({"bootstrapToken": {
+        "apiServerEndpoint": endpoint, "token": JOIN_TOKEN, "caCertHashes": [ca_cert_hash(&w.env.client_ca.cert_pem)]}});
+    join["controlPlane"] =
+        json!({"localAPIEndpoint": {"advertiseAddress": "192.0.2.11", "bindPort": port.parse::<u16>().unwrap()}});
+    join["nodeRegistration"]["name"] = json!(SECOND_NODE);
+    join["nodeRegistration"]["criSocket"] = json!(containerd2.endpoint());
+    join["nodeRegistration"]["kubeletExtraArgs"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
+    // The cluster's kubelet config (upload-config kubelet) names cp-0's ports: cp-1's own.
+    let join_path = ns2.dir.path().join("join.yaml");
+    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
+    let skipped: Vec<&str> = JOIN_SKIPPED_PHASES.iter().map(|(p, _)| *p).collect();
+    let join_log = ns2.dir.path().join("kubeadm-join.log");
+    let log = || {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&join_log)
+            .unwrap()
+    };
+    let mut kubeadm_join = ns2
+        .command(
+            &kubeadm_env,
+            &kubeadm,
+            &[
+                "join".to_owned(),
+                "--config".to_owned(),
+                join_path.display().to_string(),
+                format!("--skip-phases={}", skipped.join(",")),
+            ],
+        )
+        .stdout(log())
+        .stderr(log())
+        .spawn()
+        .unwrap();
+    recorder.process(&kubeadm_join);
+    let joined = || std::fs::read_to_string(&join_log).unwrap_or_default();
+    let deadline = Instant::now() + WAIT;
+    while !(joined().contains("[kubelet-start] Starting the kubelet")
+        && ns2.path(&format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf")).exists()
+        && ns2
+            .path(&format!("{}/config.yaml", tests::kubeadm_node::VAR_LIB_KUBELET))
+            .exists())
+    {
+        let exited = kubeadm_join.try_wait().unwrap();
+        assert!(
+            exited.is_none() && Instant::now() < deadline,
+            "kubeadm join --control-plane did not come to starting kubelet ({exited:?}):\n{}",
+            joined()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // kubelet's ports: the cluster's kubelet config is cp-0's; this kubelet gets its own.
+    let config2 = ns2.path(&format!("{}/config.yaml", tests::kubeadm_node::VAR_LIB_KUBELET));
+    let text = std::fs::read_to_string(&config2).unwrap();
+    let text = text
+        .replace(&format!("port: {}", kubelet.port), &format!("port: {}", kubelet2.port))
+        .replace(
+            &format!("healthzPort: {}", kubelet.healthz_port),
+            &format!("healthzPort: {}", kubelet2.healthz_port),
+        )
+        .replace(&containerd.endpoint(), &containerd2.endpoint())
+        .replace(
+            &kubelet.dir().display().to_string(),
+            &kubelet2.dir().display().to_string(),
+        );
+    std::fs::write(&config2, text).unwrap();
+    let pre_said = start_unit(&ns2, &mut kubelet2);
+    let status = tests::kubeadm_node::wait_exit(&mut kubeadm_join, WAIT).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "kubeadm join --control-plane ({status:?}):\n{}\n{pre_said}\n--- kubelet:\n{}\n--- signer:\n{}",
+        joined(),
+        kubelet2.log(),
+        signer.log()
+    );
+    assert!(joined().contains("This node has joined the cluster"), "{}", joined());
+    let second_csrs: Vec<_> = csrs
+        .of(CLIENT_SIGNER)
+        .into_iter()
+        .filter(|s| s.username == format!("system:bootstrap:{JOIN_TOKEN_ID}"))
+        .collect();
+    assert_eq!(
+        second_csrs.len(),
+        1,
+        "one CSR, with the Machine's join token: {second_csrs:?}"
+    );
+    assert!(second_csrs[0].issued.is_some(), "{second_csrs:?}");
+    let claimed2 = live::get(&admin, &w.own(capi::machine(SECOND_MACHINE, None))).await;
+    let claim2: Value = serde_json::from_str(
+        claimed2["metadata"]["annotations"]["cluster.x-k8s.io/kubelet-claim"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claim2["nodeName"], SECOND_NODE);
+    assert!(
+        !ns2.path(&format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf")).exists(),
+        "kubeadm deleted the bootstrap kubeconfig"
+    );
+    let conf2 = ns2.read(&kubelet_conf).unwrap();
+    assert!(conf2.contains("exec:") && !conf2.contains("token:"), "{conf2}");
+    assert!(
+        wait_renewed_and_ready(&w.admin, SECOND_NODE, 0, WAIT).await,
+        "cp-1 is not Ready\n{}",
+        kubelet2.log()
+    );
+    let cp1 = node(&w.admin, SECOND_NODE).await.unwrap();
+    assert!(
+        cp1.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("node-role.kubernetes.io/control-plane"),
+        "kubeadm's mark-control-plane ran"
+    );
+    let joined_after = join_started.elapsed();
+    assert!(
+        csrs.of(LEGACY_SIGNER).is_empty(),
+        "no legacy kubelet CSR from either node: {:?}",
+        csrs.of(LEGACY_SIGNER)
+    );
+
     let machine_events = w
         .env
         .kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);
@@ -425,6 +670,13 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     for (phase, why) in SKIPPED_PHASES {
         eprintln!("skipped {phase}: {why}");
     }
+    for (phase, why) in JOIN_SKIPPED_PHASES {
+        eprintln!("kubeadm join --control-plane skipped {phase}: {why}");
+    }
+    eprintln!(
+        "cp-1 joined the control plane with the plugin's identity in {}",
+        secs(joined_after)
+    );
     eprintln!(
         "setup {} · adopted {} after kubelet started (first refusals: {refused_first:?}) · {} renewals · Ready past kubeadm's certificate at {} · total {}",
         secs(setup),

@@ -191,6 +191,11 @@ impl Envtest {
         path
     }
 
+    /// The URL of its etcd (plain HTTP on loopback): an external etcd for kubeadm.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd.url
+    }
+
     /// The process ids of etcd and (while it runs) kube-apiserver.
     pub fn pids(&self) -> Vec<u32> {
         std::iter::once(self.etcd.child.id())
