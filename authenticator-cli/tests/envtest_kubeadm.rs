@@ -353,15 +353,7 @@ kind: KubeletConfiguration
         _ => None,
     };
     let spec = &template["spec"]["template"]["spec"];
-    for file in spec["files"].as_array().unwrap() {
-        let path = file["path"].as_str().unwrap();
-        let content = render(file["content"].as_str().unwrap(), metadata);
-        let on_host = ns.path(path);
-        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
-        std::fs::write(&on_host, content).unwrap();
-        let mode = u32::from_str_radix(file["permissions"].as_str().unwrap(), 8).unwrap();
-        std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
+    ns.write_files(&spec["files"], metadata);
     assert_eq!(
         ns.read(&role["kubelet_authenticator_provider_id_file"]).as_deref(),
         Some(PROVIDER_ID),

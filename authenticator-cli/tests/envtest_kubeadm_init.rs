@@ -30,7 +30,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -38,8 +37,7 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, ROLE, SYSTEMD_PATH, Unit, ca_cert_hash, expand, render, require,
-    role_variables,
+    ETC_KUBERNETES, NodeNamespace, SYSTEMD_PATH, ca_cert_hash, expand, render, require, role_unit, role_variables,
 };
 use tests::kubelet::{
     Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, node, ready_past, secs, validity,
@@ -198,7 +196,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     let role = role_variables(&[("kubelet_authenticator_attestor", "insecure")]);
     let install_path = role["kubelet_authenticator_install_path"].clone();
     let ns = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), NODE);
-    std::fs::create_dir_all(ns.path(&format!("{ETC_KUBERNETES}/pki"))).unwrap();
+    ns.bake_image(&role);
     std::fs::write(
         ns.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
         &w.env.client_ca.cert_pem,
@@ -215,19 +213,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         ns.path(&format!("{ETC_KUBERNETES}/admin.conf")),
     )
     .unwrap();
-    let cert_dir = ns.path(&role["kubelet_authenticator_cert_dir"]);
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let role_dropin = render(
-        &std::fs::read_to_string(
-            tests::repo_root()
-                .join(ROLE)
-                .join("templates/20-kubelet-authenticator.conf.j2"),
-        )
-        .unwrap(),
-        |name| role.get(name).cloned(),
-    );
-    let unit = Unit::read(&[KUBEADM_DROPIN, &role_dropin]);
+    let unit = role_unit(&role);
 
     // The bootstrap provider's part: the shipped kubeadmConfigSpec's files and init
     // configuration, with cloud-init's instance metadata.
@@ -236,14 +222,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "ds.meta_data.instance_id" => Some(INSTANCE_ID.to_owned()),
         _ => None,
     };
-    for file in spec["files"].as_array().unwrap() {
-        let path = file["path"].as_str().unwrap();
-        let on_host = ns.path(path);
-        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
-        std::fs::write(&on_host, render(file["content"].as_str().unwrap(), metadata)).unwrap();
-        let mode = u32::from_str_radix(file["permissions"].as_str().unwrap(), 8).unwrap();
-        std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
+    ns.write_files(&spec["files"], metadata);
     let mut init: Value = serde_json::from_str(&render(&spec["initConfiguration"].to_string(), metadata)).unwrap();
     init["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
     init["kind"] = json!("InitConfiguration");
@@ -498,7 +477,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     let mut kubelet2 = Kubelet::new(&assets, &host, &containerd2, SECOND_NODE, SECOND_PROVIDER_ID);
     let ns2 = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), SECOND_NODE);
     // The control plane's CA, as Cluster API hands it to a joining control-plane Machine.
-    std::fs::create_dir_all(ns2.path(&format!("{ETC_KUBERNETES}/pki"))).unwrap();
+    ns2.bake_image(&role);
     std::fs::write(
         ns2.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
         &w.env.client_ca.cert_pem,
@@ -509,21 +488,12 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         &w.env.client_ca.key_pem,
     )
     .unwrap();
-    let cert_dir2 = ns2.path(&role["kubelet_authenticator_cert_dir"]);
-    std::fs::create_dir_all(&cert_dir2).unwrap();
-    std::fs::set_permissions(&cert_dir2, std::fs::Permissions::from_mode(0o700)).unwrap();
     let metadata2 = |name: &str| match name {
         "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
         "ds.meta_data.instance_id" => Some(SECOND_INSTANCE_ID.to_owned()),
         _ => None,
     };
-    for file in spec["files"].as_array().unwrap() {
-        let on_host = ns2.path(file["path"].as_str().unwrap());
-        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
-        std::fs::write(&on_host, render(file["content"].as_str().unwrap(), metadata2)).unwrap();
-        let mode = u32::from_str_radix(file["permissions"].as_str().unwrap(), 8).unwrap();
-        std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
+    ns2.write_files(&spec["files"], metadata2);
     let mut join: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata2)).unwrap();
     join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
     join["kind"] = json!("JoinConfiguration");

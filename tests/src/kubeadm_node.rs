@@ -109,6 +109,19 @@ pub fn role_variables(overrides: &[(&str, &str)]) -> BTreeMap<String, String> {
     variables
 }
 
+/// kubelet's unit on an image baked with the role (`role`, its variables): kubeadm's
+/// `10-kubeadm.conf`, then the role's drop-in rendered.
+pub fn role_unit(role: &BTreeMap<String, String>) -> Unit {
+    let template = std::fs::read_to_string(
+        crate::repo_root()
+            .join(ROLE)
+            .join("templates/20-kubelet-authenticator.conf.j2"),
+    )
+    .expect("the role's drop-in");
+    let dropin = render(&template, |name| role.get(name).cloned());
+    Unit::read(&[KUBEADM_DROPIN, &dropin])
+}
+
 /// The `[Service]` settings of a unit's drop-ins, in the order systemd reads them.
 #[derive(Debug, Default)]
 pub struct Unit {
@@ -295,6 +308,27 @@ impl NodeNamespace {
             }
         }
         panic!("{node_path} is not under {ETC_KUBERNETES} or {VAR_LIB_KUBELET}, the node's own folders here");
+    }
+
+    /// The image as the `kubelet_authenticator` role leaves it (`role`, its variables):
+    /// `/etc/kubernetes/pki` and the cert dir (0700).
+    pub fn bake_image(&self, role: &BTreeMap<String, String>) {
+        std::fs::create_dir_all(self.path(&format!("{ETC_KUBERNETES}/pki"))).expect("pki folder");
+        let cert_dir = self.path(&role["kubelet_authenticator_cert_dir"]);
+        std::fs::create_dir_all(&cert_dir).expect("cert dir");
+        std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o700)).expect("cert dir mode");
+    }
+
+    /// The bootstrap provider's `files` (a KubeadmConfig's), with cloud-init's values looked up
+    /// in `metadata`, written with their permissions.
+    pub fn write_files(&self, files: &serde_json::Value, metadata: impl Fn(&str) -> Option<String>) {
+        for file in files.as_array().expect("files") {
+            let on_host = self.path(file["path"].as_str().expect("path"));
+            std::fs::create_dir_all(on_host.parent().expect("a folder")).expect("folder");
+            std::fs::write(&on_host, render(file["content"].as_str().expect("content"), &metadata)).expect("file");
+            let mode = u32::from_str_radix(file["permissions"].as_str().expect("permissions"), 8).expect("mode");
+            std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).expect("file mode");
+        }
     }
 
     /// A node file's text as a process in the namespace reads it (through the holder's root).
