@@ -209,6 +209,22 @@ pub fn run(args: &ExecArgs) -> Result<String> {
         }
     }
 
+    // An adopted certificate (kubeadm's, `kubeconfig --adopt`): the signer adopts only the node
+    // its Machine already names, so the request waits until kubelet has registered the Node
+    // (on the first control-plane node, kubelet starts with kubeadm's certificate and registers
+    // a moment later): kubelet gets the adopted certificate until then, and asks again soon.
+    if foreign == Some(crate::cert_dir::NotObtained::Adopted)
+        && let Some(adopted) = &cached
+        && let Err(why) = node_registered(args, &node, adopted, exec_info.as_deref())
+    {
+        eprintln!(
+            "kubelet-authenticator: the adoption waits: {why}; answering with the adopted certificate (valid until {})",
+            adopted.not_after
+        );
+        let again = now + ADOPTION_RECHECK;
+        return Ok(answer_until(version, adopted, again.min(adopted.not_after)));
+    }
+
     match renew(args, &node, &provider_id, cached.as_ref(), exec_info.as_deref()) {
         Ok(issued) => {
             let now = OffsetDateTime::now_utc();
@@ -266,6 +282,44 @@ pub fn run(args: &ExecArgs) -> Result<String> {
             }
         }
     }
+}
+
+/// How soon client-go asks again while an adoption waits for the Node to register.
+const ADOPTION_RECHECK: time::Duration = time::Duration::seconds(10);
+
+/// Whether kubelet has registered Node `node` (asked as the node, with the adopted
+/// certificate: the Node authorizer lets a node read its own Node); `Err` says why not, or why
+/// it cannot be told.
+fn node_registered(
+    args: &ExecArgs,
+    node: &NodeName,
+    adopted: &Credential,
+    exec_info: Option<&str>,
+) -> Result<(), String> {
+    let cluster: Option<ExecCluster> = parse_exec_cluster(exec_info).map_err(|e| format!("{e:#}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let identity = Identity::Node {
+            cert_pem: &adopted.cert_pem,
+            key_pem: &adopted.key_pem,
+        };
+        let client = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+        match tokio::time::timeout(args.timeout, nodes.get_opt(node.as_str())).await {
+            Ok(Ok(Some(_))) => Ok(()),
+            Ok(Ok(None)) => Err(format!("Node {node} is not registered yet")),
+            Ok(Err(e)) => Err(format!("cannot read Node {node}: {e}")),
+            Err(_) => Err(format!(
+                "no answer about Node {node} within {}",
+                humantime::format_duration(args.timeout)
+            )),
+        }
+    })
 }
 
 fn renew(
