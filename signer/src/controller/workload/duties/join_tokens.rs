@@ -49,7 +49,13 @@ struct TokenDuty {
     registered: HashMap<String, OffsetDateTime>,
     /// Tokens already reported as missing or as not a token (reported once each).
     reported: HashSet<String>,
+    /// The workload cluster refused the signer a token Secret (403): no token request before
+    /// then (its RBAC is not `config/workload`'s; said once per pause, not once per token).
+    forbidden_until: Option<Instant>,
 }
+
+/// How long the duty pauses after the workload cluster refuses it a token Secret (403).
+const FORBIDDEN_PAUSE: Duration = Duration::from_secs(300);
 
 impl Worker {
     /// SPEC section 7, "Join tokens": runs until the worker stops.
@@ -76,6 +82,9 @@ impl Worker {
                 return;
             }
             Ok(()) => duty.left = None,
+        }
+        if duty.forbidden_until.is_some_and(|until| Instant::now() < until) {
+            return;
         }
         let Some(inventory) = management.inventory(&cluster) else {
             return;
@@ -159,7 +168,7 @@ impl Worker {
                 return;
             }
             Err(e) => {
-                tracing::warn!(token = id, error = %e, "cannot read a MachinePool's join token");
+                self.token_request_failed(duty, id, "read", &e);
                 return;
             }
         };
@@ -203,7 +212,7 @@ impl Worker {
             }
             // The bootstrap provider wrote it meanwhile: the next pass reads it again.
             Err(kube::Error::Api(status)) if status.code == 409 => duty.pools_read = None,
-            Err(e) => tracing::warn!(token = id, error = %e, "cannot extend a MachinePool's join token"),
+            Err(e) => self.token_request_failed(duty, id, "extend", &e),
         }
     }
 
@@ -249,7 +258,6 @@ impl Worker {
     /// Deletes retired token `id` ([`join_tokens::retirable`]).
     async fn retire_token(&self, api: &Api<Secret>, id: &str, machines: &[TargetRef], duty: &mut TokenDuty) {
         let name = secret_name(id);
-        let later = Instant::now() + self.shared.settings.resync;
         let secret = match api.get_opt(&name).await {
             Ok(Some(secret)) => secret,
             Ok(None) => {
@@ -257,8 +265,7 @@ impl Worker {
                 return;
             }
             Err(e) => {
-                tracing::warn!(token = id, error = %e, "cannot read a claimed Machine's join token");
-                duty.not_before.insert(id.to_owned(), later);
+                self.token_request_failed(duty, id, "read", &e);
                 return;
             }
         };
@@ -297,9 +304,29 @@ impl Worker {
             }
             // Changed since read (409): read again at the next tick.
             Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(e) => {
-                tracing::warn!(token = id, error = %e, "cannot delete a claimed Machine's join token");
-                duty.not_before.insert(id.to_owned(), later);
+            Err(e) => self.token_request_failed(duty, id, "delete", &e),
+        }
+    }
+
+    /// A token request that failed: a refusal (403) pauses the duty for [`FORBIDDEN_PAUSE`] and
+    /// says what to do, once per pause; anything else is tried again after a resync period.
+    fn token_request_failed(&self, duty: &mut TokenDuty, id: &str, what: &str, error: &kube::Error) {
+        let now = Instant::now();
+        match error {
+            kube::Error::Api(status) if status.code == 403 => {
+                if duty.forbidden_until.is_none_or(|until| now >= until) {
+                    tracing::warn!(
+                        token = id,
+                        error = %error,
+                        "the signer may not {what} join tokens in the workload cluster: apply config/workload (Role node-attestation-signer-join-tokens in kube-system), or run with --leave-join-tokens; join tokens are left alone for {}",
+                        humantime::format_duration(FORBIDDEN_PAUSE)
+                    );
+                }
+                duty.forbidden_until = Some(now + FORBIDDEN_PAUSE);
+            }
+            _ => {
+                tracing::warn!(token = id, error = %error, "cannot {what} a join token; trying again later");
+                duty.not_before.insert(id.to_owned(), now + self.shared.settings.resync);
             }
         }
     }
