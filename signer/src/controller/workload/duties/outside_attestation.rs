@@ -31,7 +31,7 @@ pub(in crate::controller::workload) struct Reported {
 impl Worker {
     /// Looks at the Cluster's Nodes and legacy CSRs, reports what is new, sets the gauges.
     pub(in crate::controller::workload) fn outside_attestation(&self, reported: &mut Reported) -> OutsideReport {
-        let legacy: Vec<String> = self
+        let legacy: HashSet<String> = self
             .csrs
             .state()
             .iter()
@@ -56,7 +56,8 @@ impl Worker {
             .and_then(|cluster| Some((management.inventory(&cluster)?, cluster)))
             .and_then(|(inventory, cluster)| Some(nodes_outside(&cluster, &inventory, &self.nodes.all().ok()?)));
         if let Some(outside) = &nodes {
-            reported.nodes.retain(|name| outside.iter().any(|n| n.name == *name));
+            let names: HashSet<&str> = outside.iter().map(|n| n.name.as_str()).collect();
+            reported.nodes.retain(|name| names.contains(name.as_str()));
             for node in outside {
                 if reported.nodes.insert(node.name.clone()) {
                     tracing::warn!(node = %node.name, "{}", node.describe());
