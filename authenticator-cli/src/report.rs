@@ -308,15 +308,17 @@ pub fn kubeconfig(args: &KubeconfigArgs, exec: &ExecArgs) -> Result<String> {
 /// `kubeconfig --adopt` over an existing `path` ([`crate::adopt`]).
 fn adopt(path: &std::path::Path, args: &KubeconfigArgs, exec: &ExecArgs) -> Result<()> {
     use crate::adopt::{Existing, install, keep_original, read_existing};
-    let node = exec.node()?;
-    let dir = crate::cert_dir::CertDir::open(&exec.cert_dir)?;
+    // A refusal never stops kubelet's start: said, recorded for `status` when the cert dir
+    // opens, exit status 0.
     let refuse = |why: String| {
         let message = format!(
             "adoption of {} refused: {why}; kubelet keeps it as it is",
             path.display()
         );
         eprintln!("kubelet-authenticator: {message}");
-        dir.record_error(&message, time::OffsetDateTime::now_utc());
+        if let Ok(dir) = crate::cert_dir::CertDir::open(&exec.cert_dir) {
+            dir.record_error(&message, time::OffsetDateTime::now_utc());
+        }
     };
     let (cert_pem, key_pem, endpoint) = match read_existing(path) {
         Ok(Existing::Plugin) => {
@@ -345,6 +347,15 @@ fn adopt(path: &std::path::Path, args: &KubeconfigArgs, exec: &ExecArgs) -> Resu
             return Ok(());
         }
     };
+    // Only a certificate to take over needs the node's name and the cert dir.
+    let node = match exec.node() {
+        Ok(node) => node,
+        Err(e) => {
+            refuse(format!("{e:#}"));
+            return Ok(());
+        }
+    };
+    let dir = crate::cert_dir::CertDir::open(&exec.cert_dir)?;
     let _lock = dir.lock()?;
     if let Err(why) = install(&dir, &node, &cert_pem, &key_pem, time::OffsetDateTime::now_utc()) {
         refuse(why);
