@@ -183,6 +183,11 @@ impl Scenario {
     fn control_plane_adoption(&mut self) {
         let mut machine = capi::machine("prod-cp-x7k2p", Some(PID));
         machine["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
+        // The host name, as the infrastructure provider reports it.
+        machine["status"]["addresses"] = json!([
+            {"type": "InternalIP", "address": "10.0.0.7"},
+            {"type": "InternalDNS", "address": "ip-10-0-0-7"}
+        ]);
         machine["spec"]["bootstrap"]["configRef"]["name"] = json!("prod-cp-x7k2p");
         self.machines[0] = machine;
         self.configs[0] = capi::kubeadm_config("prod-cp-x7k2p", "abcdef", "v1beta2");
@@ -1970,6 +1975,33 @@ fn adoption_table() {
                 let mut s = Scenario::client();
                 s.control_plane_adoption();
                 s.nodes = vec![capi::node("ip-10-0-0-99", Some(PID))];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a node that registered a Node with another Machine's provider ID under a name that Machine does not carry",
+            || {
+                // Any node identity may register a Node with any provider ID: for a Machine
+                // not joined yet, that Node alone would name the thief.
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("intruder", PID);
+                s.nodes.push(capi::node("intruder", Some(PID)));
+                s.csr.username = "system:node:intruder".into();
+                s.csr.groups = vec!["system:nodes".into()];
+                s
+            },
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses it even when Cluster API wrote the intruder's Node into status.nodeRef",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("intruder", PID);
+                s.nodes.push(capi::node("intruder", Some(PID)));
+                s.machines[0]["status"]["nodeRef"] = json!({"name": "intruder"});
+                s.csr.username = "system:node:intruder".into();
+                s.csr.groups = vec!["system:nodes".into()];
                 s
             },
             Denied(RequesterNotAllowed),

@@ -845,6 +845,29 @@ fn bind_requester(
 /// read waits.
 fn adoption(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName, pid: &ProviderId) {
     let username = name.username();
+    // The safer rule (documented in docs/decisions.md): a Node object, and so the nodeRef Cluster
+    // API derives from its provider ID, is written by the node itself, and any node identity may
+    // register a Node carrying another Machine's provider ID. For a Machine the name must also be
+    // one of its own, as the infrastructure provider wrote them (its name, infrastructure name,
+    // Hostname or DNS address); a pool instance has no names: its attestation binds it.
+    if let Target::Machine(m) = target
+        && !(m.name() == name.as_str()
+            || m.infrastructure_name() == Some(name.as_str())
+            || m.addresses()
+                .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str())))
+    {
+        book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption by {} refused: {} is not one of the names {} carries (its name, infrastructure name, Hostname or DNS address): a Node alone, which any node may register, does not name a Machine's node",
+                shown(&username),
+                name,
+                target.describe()
+            ),
+        );
+        return;
+    }
     if let Target::Machine(m) = target
         && let Some(node_ref) = m.node_ref()
     {
