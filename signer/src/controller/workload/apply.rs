@@ -85,6 +85,8 @@ impl Worker {
         let mut written = None;
         if let Some(claim) = &decision.claim {
             written = Some(self.shared.management.write_claim(claim).await?);
+            // A claimed Machine's join token may go once its node joins (duties::join_tokens).
+            self.claim_written.notify_one();
             // Said at info by the one line of a signed join ("approved and signed", in this
             // span, naming the Machine); a claim whose CSR is not signed logs why it was not.
             tracing::debug!(node = %claim.record.node_name, "claimed {}", claim.target.name);

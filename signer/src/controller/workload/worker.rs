@@ -55,6 +55,9 @@ pub struct Worker {
     pub(super) recovering: Mutex<std::collections::HashSet<String>>,
     /// When this cluster's owner was last told the `tpm/v1` challenge key is missing.
     pub(super) key_warned: Mutex<Option<std::time::Instant>>,
+    /// A claim was written: the join-token duty looks closely for a while (a claimed Machine's
+    /// token goes within seconds of its node joining) instead of once per resync.
+    pub(super) claim_written: tokio::sync::Notify,
 }
 
 /// How long a CSR this worker finished is left alone while the watch cache catches up. The
@@ -99,6 +102,7 @@ impl Worker {
             state: Mutex::new(ClusterState::Unreachable),
             recovering: Mutex::default(),
             key_warned: Mutex::default(),
+            claim_written: tokio::sync::Notify::new(),
         })
     }
 

@@ -27,10 +27,14 @@ use time::OffsetDateTime;
 use crate::controller::kubeadm::token_secret;
 use crate::controller::workload::worker::Worker;
 
-/// How often the Cluster's claimed Machines are looked at for a token to retire (a claimed
-/// Machine's token goes within seconds of its node joining); MachinePools' tokens are read once
-/// per resync period.
+/// How often the Cluster's claimed Machines are looked at for a token to retire while a claim is
+/// recent (a claimed Machine's token goes within seconds of its node joining); otherwise, and
+/// for MachinePools' tokens, once per resync period: a quiet Cluster costs one pass per resync.
 const RETIRE_TICK: Duration = Duration::from_secs(2);
+
+/// How long after a claim the duty looks every [`RETIRE_TICK`]: the node registers, and
+/// Cluster API writes its nodeRef, within this.
+const CLOSE_LOOK: Duration = Duration::from_secs(120);
 
 /// What the duty remembers between passes.
 #[derive(Default)]
@@ -62,9 +66,18 @@ impl Worker {
     pub(in crate::controller::workload) async fn join_token_loop(self: Arc<Self>) {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), TOKEN_NAMESPACE);
         let mut duty = TokenDuty::default();
+        let mut close_until = Instant::now() + CLOSE_LOOK;
         loop {
             self.join_token_pass(&api, &mut duty).await;
-            tokio::time::sleep(RETIRE_TICK.min(self.shared.settings.resync)).await;
+            let tick = if Instant::now() < close_until {
+                RETIRE_TICK.min(self.shared.settings.resync)
+            } else {
+                self.shared.settings.resync
+            };
+            tokio::select! {
+                () = tokio::time::sleep(tick) => {}
+                () = self.claim_written.notified() => close_until = Instant::now() + CLOSE_LOOK,
+            }
         }
     }
 
