@@ -263,6 +263,19 @@ pub struct TokenSecret {
     pub expiration: Option<String>,
 }
 
+impl TokenSecret {
+    /// From a Secret's `type` and its decoded `data` (looked up by key): the token's secret
+    /// half is never read out of it.
+    pub fn from_data<'a>(type_: Option<&str>, data: impl Fn(&str) -> Option<&'a [u8]>) -> Self {
+        let text = |key: &str| data(key).map(|v| String::from_utf8_lossy(v).into_owned());
+        Self {
+            type_: type_.map(str::to_owned),
+            token_id: text("token-id"),
+            expiration: text("expiration"),
+        }
+    }
+}
+
 /// What to do with a MachinePool's token Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Keep {

@@ -204,20 +204,11 @@ impl World {
     }
 }
 
-/// What the signer reads of a token Secret (its own reading, through the same fields).
+/// What the signer reads of a token Secret (its own reading: `TokenSecret::from_data`).
 fn node_attestation_token_secret(secret: &Secret) -> TokenSecret {
-    let data = |key: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    TokenSecret {
-        type_: secret.type_.clone(),
-        token_id: data("token-id"),
-        expiration: data("expiration"),
-    }
+    TokenSecret::from_data(secret.type_.as_deref(), |key| {
+        secret.data.as_ref()?.get(key).map(|v| v.0.as_slice())
+    })
 }
 
 fn expires(token: &Option<(TokenSecret, String)>) -> Option<OffsetDateTime> {

@@ -8,18 +8,9 @@ use k8s_openapi::api::core::v1::Secret;
 /// What the signer reads of a bootstrap token Secret: its type, `token-id` and `expiration`
 /// (the token's secret half is never read out of it).
 pub fn token_secret(secret: &Secret) -> TokenSecret {
-    let data = |key: &str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    TokenSecret {
-        type_: secret.type_.clone(),
-        token_id: data("token-id"),
-        expiration: data("expiration"),
-    }
+    TokenSecret::from_data(secret.type_.as_deref(), |key| {
+        secret.data.as_ref()?.get(key).map(|v| v.0.as_slice())
+    })
 }
 
 /// A kubeadm ClusterRoleBinding that lets kube-controller-manager hand out kubelet identities
