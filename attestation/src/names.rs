@@ -30,7 +30,7 @@ pub const ANNOTATION_OPT_IN: &str = "cluster.x-k8s.io/kubelet-authentication";
 /// Cluster allowed attestors (comma list of provider names).
 pub const ANNOTATION_ALLOWED_ATTESTORS: &str = "cluster.x-k8s.io/kubelet-authorized-attestors";
 /// Cluster list of the IAM roles whose instance-profile sessions prove an instance with `aws/v1`
-/// (comma list of role names; required for `aws/v1`, SPEC revision 4).
+/// (comma list of role names; required for `aws/v1`, SPEC section 5).
 pub const ANNOTATION_AWS_ROLES: &str = "cluster.x-k8s.io/kubelet-aws-roles";
 /// Cluster allow-list of AWS account IDs that may attest with `aws/v1` (comma list).
 pub const ANNOTATION_AWS_ACCOUNTS: &str = "cluster.x-k8s.io/kubelet-aws-accounts";

@@ -1,4 +1,4 @@
-//! SPEC section 7 (revision 4), "Nodes outside attestation" and "No silent expiry": which Nodes
+//! SPEC section 7, "Nodes outside attestation" and "No silent expiry": which Nodes
 //! of an opted-in Cluster hold an identity the signer did not issue, and therefore still renew
 //! through kubeadm's `kubeadm:node-autoapprove-certificate-rotation` binding, and whether that
 //! binding may go. Pure: the signer's duty lists the Nodes and CSRs, asks here, reports and

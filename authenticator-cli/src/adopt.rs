@@ -1,4 +1,4 @@
-//! `kubeconfig --adopt` (SPEC revision 4, section 6): takes kubelet's identity over from a
+//! `kubeconfig --adopt` (SPEC section 6): takes kubelet's identity over from a
 //! kubeconfig the plugin did not write. On the first control-plane node `kubeadm init` writes
 //! kubelet's kubeconfig with a certificate it issued from the cluster CA; on a node that joined
 //! before its Cluster opted in, kubelet's own TLS bootstrap did. Either way:

@@ -1,4 +1,4 @@
-//! Opting in a running cluster (SPEC revision 4: rule 7's adoption, section 7's "Nodes outside
+//! Opting in a running cluster (SPEC rule 7's adoption, section 7's "Nodes outside
 //! attestation" and "No silent expiry") with a real kubelet (v1.32, from `KUBEBUILDER_ASSETS`),
 //! a real kube-apiserver, a real kube-controller-manager, the real signer, the real plugin and
 //! a real Prometheus evaluating the shipped alerts (their `for` shortened); skipped by

@@ -1,7 +1,7 @@
 //! The first control-plane node, made by a real `kubeadm init` v1.32 (from
 //! `KUBEBUILDER_ASSETS`) run phase by phase with the shipped `KubeadmControlPlane`
 //! configuration (`images/kubeadm/kubeadm-control-plane.yaml`) on an image as the
-//! `kubelet_authenticator` role leaves it, comes under attestation (SPEC revision 4, rule 7 and
+//! `kubelet_authenticator` role leaves it, comes under attestation (SPEC rule 7 and
 //! section 6): kubeadm issues kubelet's certificate from the cluster CA
 //! (`ClusterConfiguration.certificateValidityPeriod: 4m`), the drop-in's `kubeconfig --adopt`
 //! hands kubelet's identity to the plugin at once, the plugin's first request made with kubeadm's

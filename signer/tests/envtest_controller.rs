@@ -396,7 +396,7 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     .unwrap();
     assert_eq!(claims[pid("pool-1")]["nodeName"], "pool-node-1");
 
-    // Revision 2, through the controller's Node index: instance pool-2 registered its Node as
+    // Rules 10 and 11, through the controller's Node index: instance pool-2 registered its Node as
     // pool-node-2 (before any claim); a bootstrap token asking for a new name for it is
     // refused, and so is an instance taking the name the pool's first instance claimed.
     apply(&w.admin, &capi::node("pool-node-2", Some(&pid("pool-2")))).await;

@@ -1237,7 +1237,7 @@ fn client_csr_table() {
             },
             Denied(MachineAlreadyClaimed),
         ),
-        // Revision 2, rule 10: a node name belongs to one Machine or pool instance.
+        // Rule 10: a node name belongs to one Machine or pool instance.
         (
             "denies a pool instance taking another Machine's name",
             || pool_instance("worker-1"),
@@ -1329,7 +1329,7 @@ fn client_csr_table() {
             },
             Denied(NodeNameMismatch),
         ),
-        // Revision 2, rule 11: a pool instance (or Machine) is registered by its Node.
+        // Rule 11: a pool instance (or Machine) is registered by its Node.
         (
             "denies a pool instance whose Node registered under another name",
             || {
@@ -1376,7 +1376,7 @@ fn client_csr_table() {
             },
             Denied(NodeAlreadyRegistered),
         ),
-        // Revision 2, rule 12: an EK-bound Machine accepts only tpm/v1 with its EK.
+        // Rule 12: an EK-bound Machine accepts only tpm/v1 with its EK.
         (
             "denies an insecure/v1 renewal of a Machine whose claim records an EK",
             || {
@@ -1875,7 +1875,7 @@ fn serving_csr_table() {
     assert!(missing.is_empty(), "serving reasons no case reaches: {missing:?}");
 }
 
-/// SPEC rule 7, adoption (revision 4): the node itself, for a Machine or pool instance with no
+/// SPEC rule 7, adoption: the node itself, for a Machine or pool instance with no
 /// valid claim that already names it, under rule 12 as for an initial request.
 #[test]
 fn adoption_table() {

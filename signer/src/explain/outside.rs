@@ -1,4 +1,4 @@
-//! `explain`'s Nodes outside attestation (SPEC section 7, revision 4): for the Cluster
+//! `explain`'s Nodes outside attestation (SPEC section 7): for the Cluster
 //! (`--pending`), each Node whose Machine or pool instance holds no valid claim for it and the
 //! legacy kubelet CSRs left pending, with what becomes of kubeadm's rotation binding; for one
 //! node (`--node`), why it is outside and what brings it in.

@@ -11,10 +11,10 @@
 //! Scenarios (`--scenario`):
 //! - `storm` (default): kube-controller-manager (`--kube-api-qps=1000 --kube-api-burst=2000`,
 //!   its CSR approver and signer) with 500 `kube-apiserver-client-kubelet` CSRs, then the signer
-//!   at default flags with 500 `insecure` CSRs; prints both rows and the ratios of issue 13.
+//!   at default flags with 500 `insecure` CSRs; prints both rows and the ratios against its goals.
 //!   With `--split`, the signer also runs as production splits it: the Machines on a management
 //!   apiserver with an etcd of its own, the CSRs on the workload apiserver; CPU per issued CSR
-//!   is then printed per process (each kube-apiserver and etcd apart) with issue 20's goals.
+//!   is then printed per process (each kube-apiserver and etcd apart) with the split storm's goals.
 //! - `fleet`: a lone workload cluster with 100 CSRs as the reference, then 50 workload clusters
 //!   with 100 CSRs each at once (their apiservers share one etcd); each cluster's p99 against
 //!   the lone one's.
@@ -50,7 +50,7 @@ use tests::stats::{CpuTimes, mib, percentile, proc_status_kib, secs};
 /// kube-controller-manager's signer for kubelet client certificates.
 const KUBELET_CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
-/// Issue 13's goals.
+/// The storm's goals.
 const GOAL_TOTAL: f64 = 0.8;
 const GOAL_P99: f64 = 0.5;
 const GOAL_RSS_MIB: f64 = 48.0;
@@ -199,7 +199,7 @@ management apart:"
     report_wrong(&runs)
 }
 
-/// Issue 20's goals for the split storm: on the workload apiserver the signer's CPU per join at
+/// The split storm's goals: on the workload apiserver the signer's CPU per join at
 /// most kube-controller-manager's (whose one apiserver is its workload apiserver), its own
 /// process at most half of kube-controller-manager's; and what the claim costs the management
 /// side per join.

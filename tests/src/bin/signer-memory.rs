@@ -1,4 +1,4 @@
-//! Memory harness (a benchmark, not a test; issue 20): what a replica keeps per Cluster API
+//! Memory harness (a benchmark, not a test): what a replica keeps per Cluster API
 //! object, and whether memory follows the shard.
 //!
 //! One management apiserver from `KUBEBUILDER_ASSETS` holds `--clusters` Clusters (their

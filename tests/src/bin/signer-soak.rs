@@ -1,4 +1,4 @@
-//! Soak harness (a benchmark that prints figures, not a test; issue 14): three
+//! Soak harness (a benchmark that prints figures, not a test): three
 //! `--coordination=shard` signer replicas against one management kube-apiserver and several
 //! loaded workload apiservers (all on one etcd, from `KUBEBUILDER_ASSETS`), CSRs filed at an
 //! even rate — first joins from the bootstrap token, renewals by nodes that joined earlier
@@ -108,7 +108,7 @@ struct Args {
     quiet: usize,
     /// Machines (each with its KubeadmConfig, shaped as Cluster API writes them) added to the
     /// fleet beyond those the joins name, spread over every Cluster, loaded and quiet: what a
-    /// replica lists when it gains a Cluster, and caches, at scale (issue 20: 30000).
+    /// replica lists when it gains a Cluster, and caches, at scale (docs/capacity.md measures 30000).
     #[arg(long, default_value_t = 0)]
     fleet_machines: usize,
     /// Writes every CSR (cluster, name, kind, filed and ended at, in seconds from the start,

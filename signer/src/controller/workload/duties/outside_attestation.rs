@@ -1,4 +1,4 @@
-//! SPEC section 7 (revision 4), "Nodes outside attestation": per Cluster, the Nodes whose
+//! SPEC section 7, "Nodes outside attestation": per Cluster, the Nodes whose
 //! Machine or pool instance holds no valid claim for them, and the legacy kubelet CSRs left
 //! pending, as a metric per Cluster and a Warning Event on the Machine (or MachinePool, or the
 //! Cluster for a Node of no Machine). Which Nodes those are is
