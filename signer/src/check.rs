@@ -27,7 +27,7 @@ use crate::manifests::{read_objects, read_one};
 pub enum OutputFormat {
     /// For people.
     Text,
-    /// For programs: one JSON document (its fields are the command's: see `--output`).
+    /// For programs: one JSON document, whose fields `--output` names.
     Json,
 }
 
@@ -127,12 +127,24 @@ struct Report<'a> {
     assumptions: Vec<String>,
 }
 
+/// What `--csr` accepts.
+const CSR_ACCEPTED: &str = "a CertificateSigningRequest manifest or a PEM request";
+
 /// Runs `check`; `Ok(true)` when approved. Unusable input is an `Err`.
 pub fn run(args: &CheckArgs) -> Result<bool> {
+    // The flags' own formats first, before any file is read.
+    let now = match &args.now {
+        Some(text) => now_argument(text)?,
+        None => OffsetDateTime::now_utc(),
+    };
+    let max_age = time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?;
+    let max_lifetime =
+        time::Duration::try_from(args.client_cert_duration).context("--client-cert-duration is too large")?;
+
     let mut assumptions = Vec::new();
     let mut inventory = Inventory::default();
     for path in &args.machines {
-        for object in read_objects(path)? {
+        for object in read_objects(path, "Machine or MachinePool")? {
             match CapiObject::from_object(&object).with_context(|| format!("in {}", path.display()))? {
                 CapiObject::Machine(m) => inventory.machines.push(m.into()),
                 CapiObject::MachinePool(p) => inventory.pools.push((*p).into()),
@@ -140,7 +152,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         }
     }
     for path in &args.bootstrap_configs {
-        for object in read_objects(path)? {
+        for object in read_objects(path, "KubeadmConfig")? {
             inventory.kubeadm_configs.push(
                 KubeadmConfigView::from_object(&object)
                     .with_context(|| format!("in {}", path.display()))?
@@ -150,14 +162,14 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     }
     let mut nodes = Vec::new();
     for path in &args.nodes {
-        for object in read_objects(path)? {
+        for object in read_objects(path, "Node")? {
             nodes.push(NodeView::from_object(&object).with_context(|| format!("in {}", path.display()))?);
         }
     }
     let cluster = match &args.cluster {
         Some(path) => {
-            let cluster =
-                ClusterView::from_object(&read_one(path)?).with_context(|| format!("in {}", path.display()))?;
+            let cluster = ClusterView::from_object(&read_one(path, "a Cluster")?)
+                .with_context(|| format!("in {}", path.display()))?;
             if !cluster.opted_in {
                 bail!("{}", crate::render::not_opted_in(&cluster));
             }
@@ -213,24 +225,16 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         sts,
     )?;
     let csr = load_csr(args, &inventory, &verifiers, &mut assumptions)?;
-    let now = match &args.now {
-        Some(text) => {
-            // The parse error once: its source repeats its own message.
-            OffsetDateTime::parse(text, &Rfc3339)
-                .map_err(|e| anyhow::anyhow!("--now {text:?} is not RFC 3339 ({e}), e.g. 2026-11-22T08:00:00Z"))?
-        }
-        None => OffsetDateTime::now_utc(),
-    };
     let clock = Clock {
         now,
         first_seen: csr.created.unwrap_or(now),
-        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
+        max_age,
     };
 
     let related = args
         .related_csrs
         .iter()
-        .map(|path| csr_file(path))
+        .map(|path| csr_file(path, "a CertificateSigningRequest manifest"))
         .collect::<Result<Vec<CsrObject>>>()?;
     let inputs = Inputs {
         csr: &csr,
@@ -260,8 +264,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             let validity = Validity {
                 now,
                 requested_seconds: csr.expiration_seconds,
-                max: time::Duration::try_from(args.client_cert_duration)
-                    .context("--client-cert-duration is too large")?,
+                max: max_lifetime,
             };
             Some(ca.issue(&issuance.csr, &issuance.provider_id, validity)?.pem())
         }
@@ -279,20 +282,19 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     Ok(matches!(decision.outcome, Outcome::Approved { .. }))
 }
 
-/// A CertificateSigningRequest manifest.
-fn csr_file(path: &Path) -> Result<CsrObject> {
-    let object = read_one(path)?;
-    let Some(kind) = object.get("kind").and_then(|k| k.as_str()).map(str::to_owned) else {
-        bail!(
-            "{} has no kind: expected a CertificateSigningRequest manifest or a PEM request",
-            path.display()
-        );
-    };
+/// `--now`: RFC 3339. The parse error is said once, in this message (it has no source: `time`'s
+/// error would repeat its own words as its cause).
+fn now_argument(text: &str) -> Result<OffsetDateTime> {
+    OffsetDateTime::parse(text, &Rfc3339)
+        .map_err(|e| anyhow::anyhow!("--now {text:?} is not RFC 3339 ({e}): give e.g. 2026-11-22T08:00:00Z"))
+}
+
+/// A CertificateSigningRequest manifest (`accepted`: what the flag takes, for the error).
+fn csr_file(path: &Path, accepted: &str) -> Result<CsrObject> {
+    let object = read_one(path, accepted)?;
+    let kind = crate::manifests::kind(&object).unwrap_or_default();
     if kind != "CertificateSigningRequest" {
-        bail!(
-            "{} is a {kind:?}, not a CertificateSigningRequest or a PEM request",
-            path.display()
-        );
+        bail!("{} is a {kind:?}, not {accepted}", path.display());
     }
     let csr: CertificateSigningRequest = serde_json::from_value(object)
         .with_context(|| format!("{} is not a valid certificates.k8s.io/v1 CSR", path.display()))?;
@@ -307,7 +309,7 @@ fn load_csr(
 ) -> Result<CsrObject> {
     let text = std::fs::read_to_string(&args.csr).with_context(|| format!("cannot read {}", args.csr.display()))?;
     if !text.trim_start().starts_with("-----BEGIN") {
-        return csr_file(&args.csr);
+        return csr_file(&args.csr, CSR_ACCEPTED);
     }
     // A bare spec.request: fill in what a CSR object would carry.
     let provider = RequestEnvelope::parse(text.as_bytes()).ok().and_then(|e| e.provider);

@@ -53,8 +53,60 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", said_once(&error));
             ExitCode::from(2)
         }
+    }
+}
+
+/// The error and its causes joined by `: `, as anyhow's `{:#}` prints them, but a cause whose
+/// words are already printed is left out: some libraries' errors (kube's kubeconfig errors,
+/// `time`'s parse errors) print their cause in their message and return it from `source()` too.
+fn said_once(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that prints its cause and returns it from `source()`, against the rule.
+    #[derive(Debug)]
+    struct Both(std::io::Error);
+
+    impl std::fmt::Display for Both {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "failed to read kubeconfig: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Both {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_printed_is_not_printed_again() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let error = anyhow::Error::new(Both(io())).context("cannot read the management kubeconfig /x");
+        assert_eq!(
+            said_once(&error),
+            "cannot read the management kubeconfig /x: failed to read kubeconfig: No such file or directory"
+        );
+        // A cause not yet said is printed as anyhow prints it.
+        let error = anyhow::Error::new(io()).context("cannot read /x");
+        assert_eq!(said_once(&error), format!("{error:#}"));
     }
 }

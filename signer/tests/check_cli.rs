@@ -259,37 +259,107 @@ fn a_cluster_that_did_not_opt_in_is_refused() {
 }
 
 #[test]
-fn a_manifest_without_a_kind_is_said_to_have_none() {
+fn a_manifest_without_a_kind_is_said_to_have_none_and_what_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
-    let csr = dir.path().join("csr.yaml");
-    std::fs::write(&csr, "metadata:\n  name: x\nspec: {}\n").unwrap();
-    let output = check(&["--csr", csr.to_str().unwrap(), "--machine", "examples/machines.yaml"]);
+    let none = dir.path().join("none.yaml");
+    std::fs::write(&none, "metadata:\n  name: x\nspec: {}\n").unwrap();
+    let none = none.to_str().unwrap();
+    let csr = "examples/csr-worker-0.yaml";
+    let machines = "examples/machines.yaml";
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--csr", none, "--machine", machines],
+            "a CertificateSigningRequest manifest or a PEM request",
+        ),
+        (&["--csr", csr, "--machine", none], "Machine or MachinePool"),
+        (&["--csr", csr, "--machine", machines, "--cluster", none], "a Cluster"),
+        (&["--csr", csr, "--machine", machines, "--node", none], "Node"),
+        (
+            &["--csr", csr, "--machine", machines, "--bootstrap-config", none],
+            "KubeadmConfig",
+        ),
+        (
+            &["--csr", csr, "--machine", machines, "--related-csr", none],
+            "a CertificateSigningRequest manifest",
+        ),
+    ];
+    for (args, accepted) in cases {
+        let output = check(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr,
+            format!("error: {none} has no kind: expected {accepted}\n"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_now_is_said_once_with_an_accepted_value() {
+    let output = check(&[
+        "--csr",
+        "examples/csr-worker-0.yaml",
+        "--machine",
+        "examples/machines.yaml",
+        "--now",
+        "tomorrow",
+    ]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("has no kind"), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: --now \"tomorrow\" is not RFC 3339 (the 'year' component could not be parsed): give e.g. 2026-11-22T08:00:00Z\n"
+    );
+}
+
+fn explain(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_node-attestation-signer"))
+        .arg("explain")
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("run signer")
 }
 
 #[test]
 fn explain_refuses_a_malformed_cluster_before_it_reads_any_kubeconfig() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_node-attestation-signer"))
-        .args([
-            "explain",
-            "--cluster",
-            "prod",
-            "--kubeconfig",
-            "/nonexistent/kubeconfig",
-            "x",
-        ])
-        .env_remove("KUBECONFIG")
-        .output()
-        .unwrap();
+    let output = explain(&["--cluster", "prod", "--kubeconfig", "/nonexistent", "x"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("expected <namespace>/<name>"), "{stderr}");
+    assert_eq!(stderr, "error: --cluster \"prod\": expected <namespace>/<name>\n");
+    // So is a malformed node name.
+    let output = explain(&[
+        "--cluster",
+        "team-a/prod",
+        "--kubeconfig",
+        "/nonexistent",
+        "--node",
+        "Worker_0",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
-        !stderr.contains("/nonexistent"),
-        "the kubeconfig is not read first: {stderr}"
+        stderr.starts_with("error: --node: \"Worker_0\" is not a DNS-1123 subdomain"),
+        "{stderr}"
     );
+}
+
+#[test]
+fn explain_says_a_missing_kubeconfig_once() {
+    let output = explain(&["--cluster", "team-a/prod", "--kubeconfig", "/nonexistent", "x"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent"), "{stderr}");
+    assert_eq!(stderr.matches("No such file or directory").count(), 1, "{stderr}");
+}
+
+#[test]
+fn explain_help_promises_no_certificate() {
+    let output = explain(&["--help"]);
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.contains("`otherCSRs`") && help.contains("`joinTokens`"), "{help}");
+    assert!(!help.contains("certificate`"), "explain prints no certificate: {help}");
 }
 
 #[test]

@@ -64,8 +64,11 @@ pub struct ExplainArgs {
     /// `<cluster>-kubeconfig` Secret (explain then reads no Secret at all).
     #[arg(long)]
     pub workload_kubeconfig: Option<PathBuf>,
-    /// Output: for people, or JSON with `cluster`, `csr`, `recorded`, `now` (the decision and
-    /// its rules), `machine`, `node`, `events`, `other_csrs` and `notes`.
+    /// Output: for people, or JSON. For a CSR (or a node's newest): `cluster`, `csr`,
+    /// `recorded`, `now` (the decision with every rule), `machine`, `node`, `events`,
+    /// `otherCSRs`, `notes`. For a node that filed no CSR: `cluster`, `node`,
+    /// `outsideAttestation`, `remedy`, `notes`. With --pending: `cluster`, `csrs`,
+    /// `outsideAttestation`, `joinTokens`, `notes`.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// Make no call to Google or STS: a decision that needs one stays `Retry` and says which.
@@ -141,7 +144,7 @@ impl Judge {
     }
 }
 
-/// `--cluster <namespace>/<name>`, read before anything is asked of a cluster.
+/// `--cluster <namespace>/<name>`.
 fn cluster_argument(cluster: &str) -> Result<(String, String)> {
     cluster
         .split_once('/')
@@ -150,8 +153,37 @@ fn cluster_argument(cluster: &str) -> Result<(String, String)> {
         .with_context(|| format!("--cluster {cluster:?}: expected <namespace>/<name>"))
 }
 
-async fn explain(args: &ExplainArgs) -> Result<()> {
+/// The arguments' formats, checked before any file or cluster is read: `--cluster`'s
+/// `<namespace>/<name>`, `--node`'s node name, `--provider-id`'s length.
+fn check_arguments(args: &ExplainArgs) -> Result<Option<(String, String)>> {
     let named = args.cluster.as_deref().map(cluster_argument).transpose()?;
+    if let Some(node) = &args.node {
+        attestation::identity::NodeName::new(node).context("--node")?;
+    }
+    if let Some(provider_id) = &args.provider_id {
+        attestation::identity::ProviderId::new(provider_id).context("--provider-id")?;
+    }
+    Ok(named)
+}
+
+async fn explain(args: &ExplainArgs) -> Result<()> {
+    let named = check_arguments(args)?;
+    // The local flags (files, durations) next, so that a bad one is said before any cluster is
+    // asked anything.
+    let cloud = crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?;
+    let judge = Judge {
+        verifiers: crate::verifiers::all(
+            ChallengeKey::withheld(),
+            &args.tpm.settings(),
+            &args.cloud,
+            cloud.google.clone(),
+            cloud.sts.clone(),
+        )?,
+        cloud,
+        offline: args.offline,
+        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
+        now: OffsetDateTime::now_utc(),
+    };
     let management = ManagementReader::connect(args.kubeconfig.as_deref(), args.request_timeout).await?;
     let (namespace, name) = match (named, &args.provider_id) {
         (Some(named), _) => named,
@@ -186,20 +218,6 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     };
     let reader = workload;
     let workload = reader.facts().await?;
-    let cloud = crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?;
-    let judge = Judge {
-        verifiers: crate::verifiers::all(
-            ChallengeKey::withheld(),
-            &args.tpm.settings(),
-            &args.cloud,
-            cloud.google.clone(),
-            cloud.sts.clone(),
-        )?,
-        cloud,
-        offline: args.offline,
-        max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
-        now: OffsetDateTime::now_utc(),
-    };
     let cluster_key = format!("{namespace}/{name}");
 
     if args.pending {
@@ -209,10 +227,7 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         match args.output {
             OutputFormat::Json => println!(
                 "{}",
-                serde_json::to_string_pretty(&serde_json::json!({
-                    "cluster": cluster_key, "csrs": listed, "outsideAttestation": outside,
-                    "joinTokens": join_tokens, "notes": notes
-                }))?
+                serde_json::to_string_pretty(&pending_json(&cluster_key, &listed, &outside, &join_tokens, &notes))?
             ),
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));
@@ -243,11 +258,7 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
                 match args.output {
                     OutputFormat::Json => println!(
                         "{}",
-                        serde_json::to_string_pretty(&serde_json::json!({
-                            "cluster": cluster_key, "node": node,
-                            "outsideAttestation": outside.nodes.iter().find(|n| n.node == *node),
-                            "remedy": outside::REMEDY, "notes": notes
-                        }))?
+                        serde_json::to_string_pretty(&outside_node_json(&cluster_key, node, &outside, &notes))?
                     ),
                     OutputFormat::Text => print!("Cluster {cluster_key}, node {node}: no CSR of it\n{text}"),
                 }
@@ -304,6 +315,35 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     Ok(())
 }
 
+/// `--pending` as JSON (its fields are listed in `--output`'s help).
+fn pending_json(
+    cluster: &str,
+    csrs: &[ListedCsr],
+    outside: &outside::OutsideReport,
+    join_tokens: &tokens::TokenReport,
+    notes: &[String],
+) -> serde_json::Value {
+    serde_json::json!({
+        "cluster": cluster, "csrs": csrs, "outsideAttestation": outside,
+        "joinTokens": join_tokens, "notes": notes
+    })
+}
+
+/// `--node` for a node that filed no CSR (outside attestation), as JSON (its fields are listed
+/// in `--output`'s help).
+fn outside_node_json(
+    cluster: &str,
+    node: &str,
+    outside: &outside::OutsideReport,
+    notes: &[String],
+) -> serde_json::Value {
+    serde_json::json!({
+        "cluster": cluster, "node": node,
+        "outsideAttestation": outside.nodes.iter().find(|n| n.node == node),
+        "remedy": outside::REMEDY, "notes": notes
+    })
+}
+
 /// The Cluster's join tokens and what the signer does with them (SPEC section 7), as a signer
 /// without `--leave-join-tokens` would.
 async fn join_tokens(
@@ -343,4 +383,130 @@ async fn pending(judge: &Judge, facts: &ClusterFacts, workload: &WorkloadFacts) 
     }
     listed.sort_by(|a, b| (&a.csr.filed, &a.csr.name).cmp(&(&b.csr.filed, &b.csr.name)));
     Ok(listed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use attestation::decision::{CsrKind, Outcome};
+    use attestation::machine::ClusterView;
+
+    use super::*;
+
+    /// The words `--output`'s help puts in backticks.
+    fn output_help_fields() -> BTreeSet<String> {
+        use clap::Args;
+        let command = ExplainArgs::augment_args(clap::Command::new("explain"));
+        let output = command.get_arguments().find(|a| a.get_id() == "output").unwrap();
+        let help = output.get_long_help().or(output.get_help()).unwrap().to_string();
+        help.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    }
+
+    fn keys(value: &serde_json::Value) -> BTreeSet<String> {
+        value.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn the_output_help_names_every_json_field_and_no_other() {
+        let decision = Decision {
+            kind: CsrKind::KubeletClient,
+            outcome: Outcome::Retry { message: "m".into() },
+            rules: Vec::new(),
+            claim: None,
+            annotations: BTreeMap::new(),
+            target: None,
+            supersedes: None,
+            issuance: None,
+            cloud_calls: Vec::new(),
+        };
+        let summary = report::CsrSummary {
+            name: "csr-1".into(),
+            signer_name: attestation::names::SIGNER_INSECURE.into(),
+            requester: "system:bootstrap:abcdef".into(),
+            filed: None,
+            age_seconds: None,
+            requested: report::Requested::default(),
+        };
+        let recorded = report::Recorded {
+            state: "Pending".into(),
+            reason: None,
+            message: None,
+            at: None,
+        };
+        // Every optional field filled, so that every field is serialized.
+        let explanation = Explanation {
+            cluster: "team-a/prod".into(),
+            csr: summary.clone(),
+            recorded: recorded.clone(),
+            now: &decision,
+            machine: Some(report::JudgedMachine {
+                kind: "Machine".into(),
+                name: "team-a/worker-0".into(),
+                uid: "uid".into(),
+                provider_id: None,
+                node_ref: None,
+                bootstrap_ready: true,
+                deleting: false,
+                ek_pins: Vec::new(),
+                claim: report::ClaimView::Unclaimed,
+            }),
+            node: Some(report::NodeLine {
+                name: "worker-0".into(),
+                provider_id: None,
+            }),
+            events: Vec::new(),
+            other_csrs: vec![ListedCsr {
+                csr: summary,
+                recorded,
+                now: None,
+                now_reason: None,
+                now_message: None,
+            }],
+            notes: vec!["a note".into()],
+        };
+        let cluster = ClusterView::named("prod", "team-a", &["tpm"]);
+        let outside = outside::report(&cluster, &attestation::machine::Inventory::default(), &[], &[]);
+        let join_tokens = tokens::report(None, &[], |_| Ok(None), OffsetDateTime::UNIX_EPOCH);
+        let notes = vec!["a note".to_owned()];
+        let mut printed = BTreeSet::new();
+        for json in [
+            serde_json::to_value(&explanation).unwrap(),
+            pending_json("team-a/prod", &[], &outside, &join_tokens, &notes),
+            outside_node_json("team-a/prod", "worker-0", &outside, &notes),
+        ] {
+            printed.extend(keys(&json));
+        }
+        let promised = output_help_fields();
+        assert_eq!(promised, printed, "--output's help and explain's JSON differ");
+        assert!(!promised.contains("certificate"), "explain prints no certificate");
+    }
+
+    fn args(extra: &[&str]) -> ExplainArgs {
+        use clap::FromArgMatches;
+        let command = <ExplainArgs as clap::Args>::augment_args(clap::Command::new("explain"));
+        let matches = command.try_get_matches_from(["explain"].iter().chain(extra)).unwrap();
+        ExplainArgs::from_arg_matches(&matches).unwrap()
+    }
+
+    #[test]
+    fn malformed_arguments_are_refused_before_anything_is_read() {
+        let refused = |extra: &[&str]| format!("{:#}", check_arguments(&args(extra)).unwrap_err());
+        for cluster in ["prod", "/prod", "team-a/", "team-a/prod/x"] {
+            let said = refused(&["--cluster", cluster, "csr-1"]);
+            assert_eq!(said, format!("--cluster {cluster:?}: expected <namespace>/<name>"));
+        }
+        let said = refused(&["--cluster", "team-a/prod", "--node", "Worker_0"]);
+        assert!(
+            said.starts_with("--node: \"Worker_0\" is not a DNS-1123 subdomain"),
+            "{said}"
+        );
+        let long = "x".repeat(4096);
+        let said = refused(&["--provider-id", &long, "--pending"]);
+        assert!(said.starts_with("--provider-id: provider ID is 4096 bytes"), "{said}");
+        assert_eq!(
+            check_arguments(&args(&["--cluster", "team-a/prod", "--node", "worker-0"])).unwrap(),
+            Some(("team-a".to_owned(), "prod".to_owned()))
+        );
+    }
 }
