@@ -265,12 +265,63 @@ impl ClusterCa {
             });
         }
 
+        let provider_id_extension =
+            rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value());
+        let der = self.client_certificate(
+            &key,
+            csr.key_kind.is_rsa(),
+            copy_subject(csr)?,
+            validity.now,
+            not_after,
+            vec![provider_id_extension],
+        )?;
+        Ok(IssuedCertificate { der, not_after })
+    }
+
+    /// Signs the signer's own client certificate for a workload cluster: user `common_name`, in
+    /// no group, for `key` (a key the signer generated and holds in memory only), NotBefore
+    /// now-5m (clock skew), NotAfter min(now + lifetime, CA NotAfter). The rest is as for a
+    /// kubelet ([`ClusterCa::issue`]): EKU clientAuth only, CA:false, strict DER. Nothing in it
+    /// comes from a request: the signer authenticates as itself, bounded by its own RBAC
+    /// (SPEC section 7, no per-cluster setup).
+    pub fn issue_own_identity(
+        &self,
+        key: &impl PublicKeyData,
+        common_name: &str,
+        now: OffsetDateTime,
+        lifetime: Duration,
+    ) -> Result<IssuedCertificate, IssueError> {
+        let not_after = (now + lifetime).min(self.not_after);
+        if not_after <= now {
+            return Err(IssueError::CaExpired {
+                not_after: self.not_after,
+            });
+        }
+        let rsa = key.algorithm() == &rcgen::PKCS_RSA_SHA256;
+        let mut subject = DistinguishedName::new();
+        subject.push(DnType::CommonName, DnValue::Utf8String(common_name.to_owned()));
+        let der = self.client_certificate(key, rsa, subject, now, not_after, Vec::new())?;
+        Ok(IssuedCertificate { der, not_after })
+    }
+
+    /// A client certificate for `key`: random 160-bit serial; NotBefore now-5m; `subject`; no
+    /// SAN; KeyUsage digitalSignature (+keyEncipherment for RSA); EKU clientAuth;
+    /// BasicConstraints CA:false, critical, an empty SEQUENCE; AKI and SKI; then `extensions`.
+    fn client_certificate(
+        &self,
+        key: &impl PublicKeyData,
+        rsa: bool,
+        subject: DistinguishedName,
+        now: OffsetDateTime,
+        not_after: OffsetDateTime,
+        extensions: Vec<rcgen::CustomExtension>,
+    ) -> Result<Vec<u8>, IssueError> {
         let mut params = CertificateParams::default();
         params.serial_number = Some(random_serial().map_err(IssueError::Build)?.into());
-        params.not_before = validity.now - Duration::minutes(5);
+        params.not_before = now - Duration::minutes(5);
         params.not_after = not_after;
-        params.distinguished_name = copy_subject(csr)?;
-        params.key_usages = if csr.key_kind.is_rsa() {
+        params.distinguished_name = subject;
+        params.key_usages = if rsa {
             vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment]
         } else {
             vec![KeyUsagePurpose::DigitalSignature]
@@ -285,17 +336,14 @@ impl ClusterCa {
             rcgen::CustomExtension::from_oid_content(BASIC_CONSTRAINTS_OID, BASIC_CONSTRAINTS_NOT_CA.to_vec());
         basic_constraints.set_criticality(true);
         params.custom_extensions = vec![
-            rcgen::CustomExtension::from_oid_content(SUBJECT_KEY_IDENTIFIER_OID, subject_key_identifier(&key)?),
+            rcgen::CustomExtension::from_oid_content(SUBJECT_KEY_IDENTIFIER_OID, subject_key_identifier(key)?),
             basic_constraints,
-            rcgen::CustomExtension::from_oid_content(PROVIDER_ID_OID, provider_id.to_extension_value()),
         ];
+        params.custom_extensions.extend(extensions);
         let cert = params
-            .signed_by(&key, &self.issuer)
+            .signed_by(key, &self.issuer)
             .map_err(|e| IssueError::Build(e.to_string()))?;
-        Ok(IssuedCertificate {
-            der: cert.der().to_vec(),
-            not_after,
-        })
+        Ok(cert.der().to_vec())
     }
 }
 
@@ -308,7 +356,7 @@ const SUBJECT_KEY_IDENTIFIER_OID: &[u64] = &[2, 5, 29, 14];
 
 /// The SubjectKeyIdentifier extension value: a DER OCTET STRING of the first 20 bytes of
 /// SHA-256 over the certificate's SubjectPublicKeyInfo (RFC 7093 method 1, as rcgen derives it).
-fn subject_key_identifier(key: &CsrKey<'_>) -> Result<Vec<u8>, IssueError> {
+fn subject_key_identifier(key: &impl PublicKeyData) -> Result<Vec<u8>, IssueError> {
     use der::Encode;
     let digest = sha256(&key.subject_public_key_info());
     der::asn1::OctetStringRef::new(&digest[..20])

@@ -70,6 +70,14 @@ impl Envtest {
         Self::start_apiserver_on(assets, dir, etcd, &[])
     }
 
+    /// [`Envtest::start`] with more kube-apiserver flags (an audit log, say).
+    pub fn start_with(suite: &str, apiserver_flags: &[String]) -> Self {
+        let assets = assets(suite);
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None));
+        Self::start_apiserver_on(assets, dir, etcd, apiserver_flags)
+    }
+
     /// Starts a kube-apiserver like [`Envtest::start`] on `etcd`, shared with other
     /// apiservers, under its own `--etcd-prefix`: many clusters for the price of one etcd.
     pub fn start_on(suite: &str, etcd: &SharedEtcd) -> Self {

@@ -2,9 +2,12 @@
 //! harness.
 //!
 //! [`Workload`] turns an [`Envtest`] into an opted-in workload cluster of a management cluster
-//! (possibly itself): the Cluster object, `<cluster>-kubeconfig` for the signer's workload
-//! identity (user `node-attestation-signer`, bound by `config/workload/workload-cluster.yaml`),
-//! `<cluster>-ca` (the apiserver's client CA, RSA PKCS#1), and kubeadm's bootstrap token.
+//! (possibly itself) as Cluster API leaves it: the Cluster object, `<cluster>-kubeconfig` with
+//! the apiserver's admin identity, `<cluster>-ca` (the apiserver's client CA, RSA PKCS#1), and
+//! kubeadm's bootstrap token. Nothing else: the signer puts its own RBAC in place and acts as
+//! user `node-attestation-signer` with a certificate it issues from `<cluster>-ca`. Siblings
+//! ([`Workload::add_sibling`]) take the other way, an operator's kubeconfig in
+//! `<cluster>-node-attestation-kubeconfig`.
 //! [`Signer`] runs `node-attestation-signer run` as a process under the management ServiceAccount's
 //! identity, bound by `config/rbac/management-cluster.yaml`: the suites exercise least privilege.
 
@@ -23,6 +26,8 @@ use crate::strict_der::assert_strict_der_pem;
 
 /// The management ServiceAccount's user name.
 pub const SIGNER_SERVICE_ACCOUNT: &str = "system:serviceaccount:node-attestation-system:node-attestation-signer";
+/// The user of the admin kubeconfig Cluster API writes in `<cluster>-kubeconfig`.
+pub const CLUSTER_API_ADMIN: &str = "kubernetes-admin";
 /// The bootstrap token every fixture Machine's KubeadmConfig names.
 pub const TOKEN: &str = "abcdef.0123456789abcdef";
 
@@ -131,6 +136,8 @@ pub struct Workload {
     pub namespace: String,
     /// kubeadm's bootstrap token user, as a client of the workload apiserver.
     pub bootstrap: Client,
+    /// The operator's kubeconfig siblings use, made once.
+    operator_kubeconfig: tokio::sync::OnceCell<String>,
 }
 
 impl Workload {
@@ -139,9 +146,6 @@ impl Workload {
     /// `attestors`), its Secrets and the bootstrap token.
     pub async fn register(env: Envtest, management: &Client, namespace: &str, cluster: &str, attestors: &str) -> Self {
         let admin = client(&env.admin_kubeconfig).await;
-        apply_file(&admin, "config/workload/workload-cluster.yaml").await;
-        let (cert, key) = env.client_certificate("node-attestation-signer", &[]);
-        let signer_kubeconfig = env.kubeconfig_for_certificate(&format!("signer-in-{cluster}"), &cert, &key);
         apply(
             management,
             &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
@@ -151,7 +155,11 @@ impl Workload {
         cluster_object["metadata"]["name"] = json!(cluster);
         cluster_object["metadata"]["namespace"] = json!(namespace);
         apply(management, &cluster_object).await;
-        let kubeconfig_text = std::fs::read_to_string(&signer_kubeconfig).expect("kubeconfig");
+        // What Cluster API writes: a client certificate for kubernetes-admin in system:masters.
+        let (admin_cert, admin_key) = env.client_certificate(CLUSTER_API_ADMIN, &["system:masters"]);
+        let cluster_api_kubeconfig =
+            env.kubeconfig_for_certificate(&format!("{cluster}-cluster-api-admin"), &admin_cert, &admin_key);
+        let kubeconfig_text = std::fs::read_to_string(&cluster_api_kubeconfig).expect("kubeconfig");
         apply(
             management,
             &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{cluster}-kubeconfig"), "namespace": namespace},
@@ -182,6 +190,7 @@ impl Workload {
             cluster: cluster.to_owned(),
             namespace: namespace.to_owned(),
             bootstrap,
+            operator_kubeconfig: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -234,23 +243,35 @@ impl Workload {
     }
 
     /// Adds another opted-in Cluster `name` in this Cluster's namespace of `management` that
-    /// watches the same apiserver (its `<name>-kubeconfig` is this Cluster's) with a CA of its
-    /// own (a shared one is refused): a quiet Cluster that widens the fleet.
+    /// watches the same apiserver with a CA of its own (a shared one is refused): a quiet Cluster
+    /// that widens the fleet. Its CA is not the apiserver's, so the signer cannot act there
+    /// with a certificate of its own: the sibling takes the operator's way,
+    /// `<name>-node-attestation-kubeconfig` for user `node-attestation-signer` (RBAC applied
+    /// by the fixture, as the operator would), and no `<name>-kubeconfig` at all.
     pub async fn add_sibling(&self, management: &Client, name: &str) {
-        let kubeconfig = get(
-            management,
-            &json!({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": format!("{}-kubeconfig", self.cluster), "namespace": self.namespace}}),
-        )
-        .await;
+        let kubeconfig = self
+            .operator_kubeconfig
+            .get_or_init(|| async {
+                apply_file(&self.admin, "config/workload/workload-cluster.yaml").await;
+                let (cert, key) = self.env.client_certificate("node-attestation-signer", &[]);
+                let path = self
+                    .env
+                    .kubeconfig_for_certificate(&format!("signer-in-{}", self.cluster), &cert, &key);
+                std::fs::read_to_string(path).expect("kubeconfig")
+            })
+            .await;
         let ca = crate::ca::openssl_ca(crate::ca::CaKeyFormat::RsaPkcs1, 30);
         let mut cluster = crate::capi::cluster("insecure");
         cluster["metadata"]["name"] = json!(name);
         cluster["metadata"]["namespace"] = json!(self.namespace);
         apply(management, &cluster).await;
-        let mut secret = kubeconfig;
-        secret["metadata"] = json!({"name": format!("{name}-kubeconfig"), "namespace": self.namespace});
-        apply(management, &secret).await;
+        apply(
+            management,
+            &json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": format!("{name}-node-attestation-kubeconfig"), "namespace": self.namespace},
+                    "stringData": {"value": kubeconfig}}),
+        )
+        .await;
         apply(
             management,
             &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-ca"), "namespace": self.namespace},

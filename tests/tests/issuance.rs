@@ -306,3 +306,62 @@ fn a_ca_certificate_without_key_cert_sign_is_refused() {
         Err(CaError::NotACa { .. })
     ));
 }
+
+#[test]
+fn the_signers_own_identity_is_a_strict_client_certificate_for_its_user_only() {
+    for format in CaKeyFormat::ALL {
+        let test_ca = openssl_ca(format, 3650);
+        let ca = load(&test_ca);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let now = OffsetDateTime::now_utc().replace_nanosecond(0).unwrap();
+        let issued = ca
+            .issue_own_identity(&key, "node-attestation-signer", now, Duration::hours(1))
+            .unwrap();
+        assert_strict_der(&format!("{format:?} own identity"), &issued.der);
+        openssl_verify(&test_ca, &issued.pem(), "sslclient").unwrap_or_else(|e| panic!("{format:?}: {e}"));
+        assert!(openssl_verify(&test_ca, &issued.pem(), "sslserver").is_err());
+        let (_, cert) = X509Certificate::from_der(&issued.der).unwrap();
+        assert_eq!(
+            cert.subject().to_string(),
+            "CN=node-attestation-signer",
+            "the user, in no group (no O)"
+        );
+        assert_eq!(
+            cert.public_key().raw,
+            rcgen::PublicKeyData::subject_public_key_info(&key).as_slice()
+        );
+        assert_eq!(
+            cert.validity().not_before.timestamp(),
+            (now - Duration::minutes(5)).unix_timestamp()
+        );
+        assert_eq!(issued.not_after, now + Duration::hours(1));
+        let mut oids: Vec<String> = cert.extensions().iter().map(|e| e.oid.to_id_string()).collect();
+        oids.sort();
+        assert_eq!(
+            oids,
+            ["2.5.29.14", "2.5.29.15", "2.5.29.19", "2.5.29.35", "2.5.29.37"],
+            "no provider ID, nothing but a client certificate's extensions"
+        );
+    }
+}
+
+#[test]
+fn the_signers_own_identity_never_outlives_the_ca() {
+    let test_ca = openssl_ca(CaKeyFormat::RsaPkcs1, 1);
+    let ca = load(&test_ca);
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let now = OffsetDateTime::now_utc();
+    let issued = ca
+        .issue_own_identity(&key, "node-attestation-signer", now, Duration::days(30))
+        .unwrap();
+    assert_eq!(issued.not_after, ca.not_after(), "clamped to the CA");
+    assert!(matches!(
+        ca.issue_own_identity(
+            &key,
+            "node-attestation-signer",
+            now + Duration::days(2),
+            Duration::hours(1)
+        ),
+        Err(attestation::ca::IssueError::CaExpired { .. })
+    ));
+}

@@ -95,6 +95,13 @@ pub struct RunArgs {
     /// apiservers answer, applies on top and is shared among busy clusters in turn.
     #[arg(long, env = "SIGNER_CONCURRENCY_PER_CLUSTER", default_value_t = 64)]
     pub concurrency_per_cluster: usize,
+    /// Lifetime of the client certificate the signer issues itself from `<cluster>-ca` to talk
+    /// to a workload cluster as user `node-attestation-signer` (renewed after two thirds of
+    /// it; its key never leaves memory). Not used for a Cluster whose
+    /// `<cluster>-node-attestation-kubeconfig` Secret gives the signer a kubeconfig of the
+    /// operator's own. At least 3m.
+    #[arg(long, env = "SIGNER_WORKLOAD_CERTIFICATE_DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub workload_certificate_duration: std::time::Duration,
     /// Timeout of workload-cluster requests.
     #[arg(long, env = "SIGNER_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: std::time::Duration,

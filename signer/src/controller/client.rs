@@ -44,6 +44,25 @@ fn build_with(config: Config, read_only: bool) -> Result<Client, kube::Error> {
         }
         return Client::try_from(config);
     }
+    let transport = transport(&config)?;
+    let service = ServiceBuilder::new()
+        .option_layer(read_only.then_some(GetOnlyLayer))
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(transport);
+    Ok(Client::new(service, config.default_namespace))
+}
+
+/// The HTTP(S) connection pool under a client: TLS from `config` (its server CA, its client
+/// certificate if any), HTTP/2 when the apiserver offers it. Everything above it (base URI,
+/// bearer token, headers) is layered on by the client.
+pub type Transport =
+    hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, kube::client::Body>;
+
+/// The connection pool for `config` (see [`Transport`]).
+pub fn transport(config: &Config) -> Result<Transport, kube::Error> {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Only fails when another thread installed one first, which is as good.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -62,23 +81,37 @@ fn build_with(config: Config, read_only: bool) -> Result<Client, kube::Error> {
         builder = builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
     let https = builder.enable_all_versions().wrap_connector(http);
-    let transport: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
-            .http2_keep_alive_interval(Some(Duration::from_secs(30)))
-            .http2_keep_alive_timeout(Duration::from_secs(15))
-            .http2_keep_alive_while_idle(true)
-            .build(https);
+    Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
+        .http2_keep_alive_interval(Some(Duration::from_secs(30)))
+        .http2_keep_alive_timeout(Duration::from_secs(15))
+        .http2_keep_alive_while_idle(true)
+        .build(https))
+}
+
+/// A client over `transport` (any service that sends a request over `config`'s TLS): the
+/// layers kube puts above its own transport, from `config`.
+pub fn over<S>(config: &Config, transport: S) -> Result<Client, kube::Error>
+where
+    S: tower::Service<
+            hyper::http::Request<kube::client::Body>,
+            Response = hyper::http::Response<hyper::body::Incoming>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
     let service = ServiceBuilder::new()
-        .option_layer(read_only.then_some(GetOnlyLayer))
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(tower::BoxError::from)
         .service(transport);
-    Ok(Client::new(service, config.default_namespace))
+    Ok(Client::new(service, config.default_namespace.clone()))
 }
 
 /// Lets only `GET` requests through ([`build_read_only`]).

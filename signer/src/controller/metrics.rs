@@ -100,6 +100,13 @@ struct IssuedLabels {
     kind: &'static str,
 }
 
+/// How something the signer does for itself in the workload clusters went: bounded
+/// (`issued`/`failed` for its certificates; `applied`/`refused`/`failed` for its RBAC).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
 /// A change the signer made to a join token: bounded (`extended`, `deleted`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JoinTokenLabels {
@@ -146,6 +153,8 @@ pub struct Metrics {
     oldest_waiting: Family<ClusterLabels, Gauge>,
     apply_errors: Family<ClusterLabels, Counter>,
     join_token_changes: Family<JoinTokenLabels, Counter>,
+    workload_identity_certificates: Family<ResultLabels, Counter>,
+    workload_rbac_applies: Family<ResultLabels, Counter>,
     issued: Family<IssuedLabels, Counter>,
     tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
@@ -177,6 +186,8 @@ impl Metrics {
             oldest_waiting: Family::default(),
             apply_errors: Family::default(),
             join_token_changes: Family::default(),
+            workload_identity_certificates: Family::default(),
+            workload_rbac_applies: Family::default(),
             issued: Family::default(),
             tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
@@ -258,6 +269,16 @@ impl Metrics {
             "join_token_changes",
             "Join tokens the signer extended (a MachinePool's) or deleted (a claimed Machine's), by cluster and action",
             metrics.join_token_changes.clone(),
+        );
+        r.register(
+            "workload_identity_certificates",
+            "Client certificates the signer issued itself from a Cluster's CA to act as node-attestation-signer in its workload cluster (at a worker's start and on renewal), by result",
+            metrics.workload_identity_certificates.clone(),
+        );
+        r.register(
+            "workload_rbac_applies",
+            "Server-side applies of the signer's workload RBAC with a Cluster's admin kubeconfig (at a worker's start), by result: applied, refused (401/403/4xx: the signer goes on as its own user), failed (retried)",
+            metrics.workload_rbac_applies.clone(),
         );
         r.register(
             "tpm_challenge_key_loaded",
@@ -394,6 +415,18 @@ impl Metrics {
                 action,
             })
             .inc();
+    }
+
+    /// One of the signer's own workload certificates issued or failed (`result`).
+    pub fn workload_identity_certificate(&self, result: &'static str) {
+        self.workload_identity_certificates
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// One apply of the signer's workload RBAC, by `result`.
+    pub fn workload_rbac_apply(&self, result: &'static str) {
+        self.workload_rbac_applies.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// Whether the `tpm/v1` challenge key is loaded.

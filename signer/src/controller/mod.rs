@@ -28,6 +28,7 @@ pub mod kubeadm;
 pub mod management;
 pub mod metrics;
 pub mod workload;
+pub mod workload_access;
 
 pub use args::{Coordination, LogFormat, RunArgs};
 
@@ -243,6 +244,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             queue_capacity: args.queue_capacity,
             concurrency: args.concurrency_per_cluster,
             request_timeout: args.request_timeout,
+            workload_certificate_duration: workload_certificate_duration(args.workload_certificate_duration)?,
         },
         states_changed: tokio::sync::Notify::new(),
     });
@@ -311,6 +313,19 @@ async fn serve(args: &RunArgs) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--workload-certificate-duration`, checked: renewed after two thirds of its life and
+/// retried at least every 10 seconds when that fails, a certificate of less than 3 minutes
+/// would leave little room for a failed renewal (or for clocks that disagree).
+fn workload_certificate_duration(lifetime: std::time::Duration) -> Result<time::Duration> {
+    if lifetime < std::time::Duration::from_secs(180) {
+        anyhow::bail!(
+            "--workload-certificate-duration {} is shorter than 3m: the signer's own certificate is renewed after two thirds of its life, and a shorter one leaves no room to retry a failed renewal; raise it (default 1h)",
+            humantime::format_duration(lifetime)
+        );
+    }
+    time::Duration::try_from(lifetime).context("--workload-certificate-duration is too large")
 }
 
 /// `--join-token-lifetime`, checked against `--resync-period`: a MachinePool's token is looked

@@ -1,6 +1,7 @@
-//! A served Cluster's Secrets: `<cluster>-kubeconfig` and `<cluster>-ca`, read when they may have
-//! changed (see the fleet's documentation), compared by digest before anything is parsed, and
-//! turned into a workload client and CA ([`Credentials`]) for a worker.
+//! A served Cluster's Secrets: `<cluster>-kubeconfig`, `<cluster>-ca` and, when an operator
+//! wrote one, `<cluster>-node-attestation-kubeconfig`, read when they may have changed (see the
+//! fleet's documentation), compared by digest before anything is parsed, and turned into the
+//! worker's way into its workload cluster ([`WorkloadAccess`]) and CA ([`Credentials`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -8,21 +9,22 @@ use std::time::{Duration, Instant};
 
 use attestation::ca::ClusterCa;
 use attestation::machine::ClusterView;
-use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use zeroize::Zeroizing;
 
 use crate::controller::management::ApplyError;
 use crate::controller::workload::Shared;
+use crate::controller::workload_access::{self, WorkloadAccess, own_identity};
 
 /// What a Cluster's Secrets gave.
 pub(super) struct Credentials {
-    pub(super) client: Client,
-    /// The CA, or why it is unusable. A missing CA is a transient gap (SPEC section 3): the
-    /// worker runs, leaves approvable CSRs pending, and denies them `Expired` after
-    /// `--csr-max-age`.
+    pub(super) access: WorkloadAccess,
+    /// The CA, or why it is unusable. With an operator's kubeconfig a missing CA is a transient
+    /// gap (SPEC section 3): the worker runs, leaves approvable CSRs pending, and denies them
+    /// `Expired` after `--csr-max-age`. The signer's own identity needs the CA, so without an
+    /// operator's kubeconfig a missing CA leaves the Cluster unserved (`SecretsInvalid`).
     pub(super) ca: Result<Arc<ClusterCa>, String>,
-    /// SHA-256 over the kubeconfig and the CA pair: a change restarts the worker.
+    /// SHA-256 over which kubeconfig is used, its bytes and the CA pair: a change restarts the
+    /// worker.
     pub(super) digest: [u8; 32],
 }
 
@@ -48,7 +50,7 @@ enum OwnRead {
     Unchanged { digest: [u8; 32] },
     /// New or changed: a worker to start on them.
     Fresh {
-        credentials: Credentials,
+        credentials: Box<Credentials>,
         ca_fingerprint: Option<[u8; 32]>,
     },
     /// Unusable (`SecretsInvalid`).
@@ -160,7 +162,7 @@ impl SecretReads {
                     ca_fingerprint,
                 } => {
                     let digest = credentials.digest;
-                    fresh.insert(k.clone(), (cluster.clone(), credentials));
+                    fresh.insert(k.clone(), (cluster.clone(), *credentials));
                     (
                         ca_fingerprint,
                         Ok(digest),
@@ -214,17 +216,28 @@ impl SecretReads {
         cluster: &ClusterView,
         name: &str,
     ) -> Result<std::collections::BTreeMap<String, k8s_openapi::ByteString>, SecretError> {
-        match self.shared.management.secret(&cluster.namespace, name).await {
-            Ok(Some(data)) => Ok(data),
-            Ok(None) => Err(SecretError::Unusable(format!("Secret {name} is missing"))),
-            Err(e) => {
+        self.secret_if_any(cluster, name)
+            .await?
+            .ok_or_else(|| SecretError::Unusable(format!("Secret {name} is missing")))
+    }
+
+    /// A Secret's data, `None` when it does not exist (a Secret that is optional).
+    async fn secret_if_any(
+        &self,
+        cluster: &ClusterView,
+        name: &str,
+    ) -> Result<Option<std::collections::BTreeMap<String, k8s_openapi::ByteString>>, SecretError> {
+        self.shared
+            .management
+            .secret(&cluster.namespace, name)
+            .await
+            .map_err(|e| {
                 let why = format!("cannot read Secret {name}: {e}");
-                Err(match ApplyError::from_kube(e) {
+                match ApplyError::from_kube(e) {
                     ApplyError::Overloaded(_) => SecretError::Unreachable(why),
                     _ => SecretError::Unusable(why),
-                })
-            }
-        }
+                }
+            })
     }
 
     /// The fingerprint of the CA certificate in `<cluster>-ca`, `None` when there is none.
@@ -239,41 +252,49 @@ impl SecretReads {
             .and_then(|c| ClusterCa::certificate_fingerprint(&c.0).ok()))
     }
 
-    /// Reads a served Cluster's `<cluster>-kubeconfig` and `<cluster>-ca`; parses them and
-    /// builds a client only when they differ from what the running worker (`running`, its
-    /// digest) was started on.
+    /// Reads a served Cluster's Secrets (`<cluster>-node-attestation-kubeconfig` if any,
+    /// `<cluster>-kubeconfig`, `<cluster>-ca`); parses them and builds the clients only when
+    /// they differ from what the running worker (`running`, its digest) was started on.
     async fn read_own(&self, cluster: &ClusterView, running: Option<[u8; 32]>) -> OwnRead {
+        let operator_name = workload_access::operator_kubeconfig_secret(&cluster.name);
         let kubeconfig_name = format!("{}-kubeconfig", cluster.name);
         let ca_name = format!("{}-ca", cluster.name);
-        let (kubeconfig, ca_data) =
-            tokio::join!(self.secret(cluster, &kubeconfig_name), self.secret(cluster, &ca_name));
-        for read in [&kubeconfig, &ca_data] {
-            if let Err(SecretError::Unreachable(why)) = read {
-                return OwnRead::Unreachable { why: why.clone() };
-            }
+        let (operator, kubeconfig, ca_data) = tokio::join!(
+            self.secret_if_any(cluster, &operator_name),
+            self.secret(cluster, &kubeconfig_name),
+            self.secret(cluster, &ca_name)
+        );
+        let unreachable = |read: Option<&SecretError>| match read {
+            Some(SecretError::Unreachable(why)) => Some(why.clone()),
+            _ => None,
+        };
+        if let Some(why) = unreachable(operator.as_ref().err())
+            .or_else(|| unreachable(kubeconfig.as_ref().err()))
+            .or_else(|| unreachable(ca_data.as_ref().err()))
+        {
+            return OwnRead::Unreachable { why };
         }
-        let kubeconfig = kubeconfig.map_err(|e| match e {
-            SecretError::Unusable(why) | SecretError::Unreachable(why) => why,
-        });
         let field = |data: &std::collections::BTreeMap<String, k8s_openapi::ByteString>, name: &str| {
             Zeroizing::new(data.get(name).map(|b| b.0.clone()).unwrap_or_default())
         };
         let ca_data = ca_data.unwrap_or_default();
         let (ca_cert, ca_key) = (field(&ca_data, "tls.crt"), field(&ca_data, "tls.key"));
         let ca_fingerprint = ClusterCa::certificate_fingerprint(&ca_cert).ok();
-        let kubeconfig = match kubeconfig {
-            Ok(data) => match data.get("value") {
-                Some(value) => Zeroizing::new(value.0.clone()),
-                None => {
-                    return OwnRead::Invalid {
-                        why: format!("Secret {kubeconfig_name} (key value) is missing"),
-                        ca_fingerprint,
-                    };
-                }
+        let invalid = |why: String| OwnRead::Invalid { why, ca_fingerprint };
+        // The operator's kubeconfig wins; without one, Cluster API's.
+        let (issued_identity, used_name, data) = match operator {
+            Ok(Some(data)) => (false, operator_name.clone(), data),
+            Ok(None) => match kubeconfig {
+                Ok(data) => (true, kubeconfig_name, data),
+                Err(SecretError::Unusable(why) | SecretError::Unreachable(why)) => return invalid(why),
             },
-            Err(why) => return OwnRead::Invalid { why, ca_fingerprint },
+            Err(SecretError::Unusable(why) | SecretError::Unreachable(why)) => return invalid(why),
+        };
+        let Some(kubeconfig) = data.get("value").map(|value| Zeroizing::new(value.0.clone())) else {
+            return invalid(format!("Secret {used_name} (key value) is missing"));
         };
         let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        hasher.update(&[u8::from(issued_identity)]);
         for part in [kubeconfig.as_slice(), &ca_cert, &ca_key] {
             hasher.update(&(part.len() as u64).to_be_bytes());
             hasher.update(part);
@@ -291,24 +312,39 @@ impl SecretReads {
                 .map(Arc::new)
                 .map_err(|e| format!("Secret {ca_name}: {e}")),
         };
-        match self.client(&kubeconfig_name, &kubeconfig).await {
-            Ok(client) => OwnRead::Fresh {
-                credentials: Credentials { client, ca, digest },
-                ca_fingerprint,
-            },
-            Err(why) => OwnRead::Invalid { why, ca_fingerprint },
+        let settings = &self.shared.settings;
+        let config = match workload_access::kubeconfig(&used_name, &kubeconfig, settings.request_timeout).await {
+            Ok(config) => config,
+            Err(why) => return invalid(why),
+        };
+        let access = if issued_identity {
+            let ca = match &ca {
+                Ok(ca) => Arc::clone(ca),
+                Err(why) => {
+                    return invalid(format!(
+                        "{why}: the signer issues its own identity in the workload cluster from it (or give it a kubeconfig of your own in Secret {operator_name})"
+                    ));
+                }
+            };
+            let admin = match crate::controller::client::build(config.clone()) {
+                Ok(admin) => admin,
+                Err(e) => return invalid(format!("Secret {used_name}: {e}")),
+            };
+            let lifetime = settings.workload_certificate_duration;
+            match own_identity::client(&config, ca, lifetime, self.shared.metrics.clone()) {
+                Ok(client) => WorkloadAccess::OwnIdentity { client, admin },
+                Err(e) => return invalid(format!("Secret {used_name}: {e}")),
+            }
+        } else {
+            match crate::controller::client::build(config) {
+                Ok(client) => WorkloadAccess::OperatorKubeconfig { client },
+                Err(e) => return invalid(format!("Secret {used_name}: {e}")),
+            }
+        };
+        OwnRead::Fresh {
+            credentials: Box::new(Credentials { access, ca, digest }),
+            ca_fingerprint,
         }
-    }
-
-    /// A client for the workload cluster from its kubeconfig.
-    async fn client(&self, secret_name: &str, kubeconfig: &[u8]) -> Result<Client, String> {
-        let text = std::str::from_utf8(kubeconfig).map_err(|_| format!("Secret {secret_name}: not UTF-8"))?;
-        let parsed = Kubeconfig::from_yaml(text).map_err(|e| format!("Secret {secret_name}: {e}"))?;
-        let mut config = kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| format!("Secret {secret_name}: {e}"))?;
-        config.connect_timeout = Some(self.shared.settings.request_timeout);
-        crate::controller::client::build(config).map_err(|e| format!("Secret {secret_name}: {e}"))
     }
 }
 #[cfg(test)]

@@ -185,7 +185,7 @@ impl Fleet {
             if let Err(why) = &credentials.ca {
                 tracing::warn!(cluster = %k, "{why}: approvable CSRs wait, then are denied Expired after --csr-max-age");
             }
-            let worker = Worker::new(&cluster, credentials.client, credentials.ca, Arc::clone(&self.shared));
+            let worker = Worker::new(&cluster, credentials.access, credentials.ca, Arc::clone(&self.shared));
             let task = tokio::spawn(Arc::clone(&worker).run());
             self.running.insert(
                 k,

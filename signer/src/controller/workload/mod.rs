@@ -6,8 +6,8 @@
 //! - [`csr`]: what happens to one CSR: inputs fetched, the rule engine's decision taken.
 //! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge);
 //!   [`record`]: each certificate written recorded once, whoever finishes the work.
-//! - [`duties`]: the cluster's duties that are not CSR decisions (kubeadm's bindings, join
-//!   tokens).
+//! - [`duties`]: the cluster's duties that are not CSR decisions (the signer's own RBAC,
+//!   kubeadm's bindings, join tokens).
 //! - [`nodes`]: the cluster's Nodes by name and provider ID; [`queue`]: its bounded queue;
 //!   [`inflight`]: the fleet's slots for CSRs in flight; [`shared`]: what every worker shares.
 //!
@@ -40,6 +40,8 @@ impl Worker {
     pub async fn run(self: Arc<Self>) {
         let span = tracing::info_span!("cluster", cluster = %self.key);
         async move {
+            // Before anything else: its own rights, with the admin kubeconfig (own identity).
+            self.put_own_rbac_in_place().await;
             // Owned by this future: aborting the worker drops the set, which aborts them all.
             let mut tasks = tokio::task::JoinSet::new();
             tasks.spawn(Arc::clone(&self).legacy_binding_loop().in_current_span());

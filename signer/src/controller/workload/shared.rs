@@ -39,6 +39,8 @@ pub struct Settings {
     pub concurrency: usize,
     /// Timeout of each workload-cluster request.
     pub request_timeout: Duration,
+    /// Lifetime of the signer's own client certificate in each workload cluster.
+    pub workload_certificate_duration: time::Duration,
 }
 
 /// What every worker shares.

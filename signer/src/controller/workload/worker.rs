@@ -24,6 +24,7 @@ use super::shared::Shared;
 use crate::controller::backoff::Backoff;
 use crate::controller::events::{Report, cluster_reference, note};
 use crate::controller::metrics::{ClusterState, DecisionLabels};
+use crate::controller::workload_access::WorkloadAccess;
 use crate::csr_object::{Stage, stage};
 use crate::locks::lock;
 
@@ -34,7 +35,12 @@ pub struct Worker {
     /// The same, shared with the fleet's slot queue.
     pub(super) turn: Arc<str>,
     pub(super) cluster_ref: ObjectReference,
+    /// Everything but the RBAC apply goes through it: the signer's own identity, or an
+    /// operator's kubeconfig.
     pub(super) client: Client,
+    /// The Cluster API admin client, held only until the signer's RBAC is in place
+    /// (`duties::own_rbac`); `None` with an operator's kubeconfig.
+    pub(super) admin: Mutex<Option<Client>>,
     pub(super) ca: Result<Arc<ClusterCa>, String>,
     pub(super) shared: Arc<Shared>,
     pub(super) queue: WorkQueue,
@@ -75,13 +81,17 @@ pub(super) fn needs_us(csr: &CertificateSigningRequest) -> bool {
 }
 
 impl Worker {
-    /// A worker for `cluster`, talking to its apiserver through `client` and signing with `ca`.
+    /// A worker for `cluster`, reaching its apiserver through `access` and signing with `ca`.
     pub fn new(
         cluster: &ClusterView,
-        client: Client,
+        access: WorkloadAccess,
         ca: Result<Arc<ClusterCa>, String>,
         shared: Arc<Shared>,
     ) -> Arc<Self> {
+        let (client, admin) = match access {
+            WorkloadAccess::OwnIdentity { client, admin } => (client, Some(admin)),
+            WorkloadAccess::OperatorKubeconfig { client } => (client, None),
+        };
         let (csrs, writer) = reflector::store();
         let capacity = shared.settings.queue_capacity;
         let key = cluster.key();
@@ -90,6 +100,7 @@ impl Worker {
             key,
             cluster_ref: cluster_reference(cluster),
             client,
+            admin: Mutex::new(admin),
             ca,
             shared,
             queue: WorkQueue::new(capacity),

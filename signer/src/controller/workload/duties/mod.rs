@@ -1,5 +1,5 @@
 //! A workload cluster's duties that are not CSR decisions, run by its worker beside the CSR
-//! loop on the same client: kubeadm's auto-approve bindings (SPEC section 3), the Nodes outside
+//! loop on the same client: the signer's own RBAC (first, with the admin client), kubeadm's auto-approve bindings (SPEC section 3), the Nodes outside
 //! attestation that decide the rotation binding's fate, and the join tokens (SPEC section 7).
 //!
 //! A duty may read the management cache and write to the workload cluster's own objects of its
@@ -9,3 +9,4 @@
 pub mod join_tokens;
 pub mod legacy_bindings;
 pub mod outside_attestation;
+pub mod own_rbac;
