@@ -184,7 +184,8 @@ pub fn install(
     let contents = Zeroizing::new(format!("{}\n{}\n", cert_pem.trim_end(), key_pem.trim_end()));
     crate::cert_dir::check(&contents, node, None, now)
         .map_err(|why| format!("the certificate to adopt is not usable for node {node}: {why}"))?;
-    dir.adopt(cert_pem, key_pem, now).map_err(|e| format!("{e:#}"))
+    dir.adopt(cert_pem, key_pem, now)
+        .map_err(|e| crate::error_chain::Chain(&e).to_string())
 }
 
 /// Keeps the original kubeconfig beside it (`<file>.pre-adoption`, 0600), once.

@@ -20,8 +20,9 @@ use time::OffsetDateTime;
 use crate::backoff::{self, Backoff, Hold};
 use crate::cert_dir::{Cached, CertDir, Credential};
 use crate::csr::AttestorName;
+use crate::error_chain::Chain;
 use crate::exec_credential::{ExecApiVersion, ExecCluster, exec_credential, parse_exec_cluster, parse_exec_info};
-use crate::obtain::{Identity, Issued, Refused, Request, client, obtain};
+use crate::obtain::{Identity, Issued, Refused, Request, client, explain_api_error, obtain};
 
 /// Flags of exec mode (and of `status` and `kubeconfig`, which describe it). Every flag also
 /// reads an environment variable.
@@ -253,13 +254,13 @@ pub fn run(args: &ExecArgs) -> Result<String> {
         }
         Err(error) => {
             let now = OffsetDateTime::now_utc();
-            dir.record_error(&format!("{error:#}"), now);
+            dir.record_error(&Chain(&error).to_string(), now);
             // A denial starts (or lengthens) the backoff; other failures (network, timeout)
             // file nothing more often than the timeout allows and leave it as it is.
             let retry_at = error.downcast_ref::<Refused>().map(|refused| {
                 let next = Backoff::after(backoff.as_ref(), &request, refused, now, jitter());
                 if let Err(e) = dir.store_backoff(&next).and_then(|()| dir.store_last_denial(&next)) {
-                    eprintln!("kubelet-authenticator: cannot record the backoff: {e:#}");
+                    eprintln!("kubelet-authenticator: cannot record the backoff: {}", Chain(&e));
                 }
                 next.retry_at
             });
@@ -269,15 +270,16 @@ pub fn run(args: &ExecArgs) -> Result<String> {
             match cached {
                 Some(old) if now < old.not_after => {
                     eprintln!(
-                        "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {error:#}{then}",
-                        old.not_after
+                        "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {}{then}",
+                        old.not_after,
+                        Chain(&error)
                     );
                     // client-go calls again when the backoff ends, or at once after another
                     // failure (a foreign certificate's own rotation point may be months away).
                     let expires = retry_at.unwrap_or(old.rotate_at.min(now)).min(old.not_after);
                     Ok(answer_until(version, &old, expires))
                 }
-                _ if retry_at.is_some() => Err(anyhow::anyhow!("{error:#}{then}")),
+                _ if retry_at.is_some() => Err(anyhow::anyhow!("{}{then}", Chain(&error))),
                 _ => Err(error),
             }
         }
@@ -296,7 +298,7 @@ fn node_registered(
     adopted: &Credential,
     exec_info: Option<&str>,
 ) -> Result<(), String> {
-    let cluster: Option<ExecCluster> = parse_exec_cluster(exec_info).map_err(|e| format!("{e:#}"))?;
+    let cluster: Option<ExecCluster> = parse_exec_cluster(exec_info).map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -306,16 +308,20 @@ fn node_registered(
             cert_pem: &adopted.cert_pem,
             key_pem: &adopted.key_pem,
         };
-        let client = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity)
+        let workload = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity)
             .await
-            .map_err(|e| format!("{e:#}"))?;
-        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+            .map_err(|e| Chain(&e).to_string())?;
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(workload.client);
         match tokio::time::timeout(args.timeout, nodes.get_opt(node.as_str())).await {
             Ok(Ok(Some(_))) => Ok(()),
             Ok(Ok(None)) => Err(format!("Node {node} is not registered yet")),
-            Ok(Err(e)) => Err(format!("cannot read Node {node}: {e}")),
+            Ok(Err(e)) => {
+                let doing = format!("reading Node {node}");
+                Err(Chain(&explain_api_error(e, &workload.url, &doing)).to_string())
+            }
             Err(_) => Err(format!(
-                "no answer about Node {node} within {}",
+                "no answer about Node {node} from {} within {}",
+                workload.url,
                 humantime::format_duration(args.timeout)
             )),
         }
@@ -355,7 +361,7 @@ fn renew(
             },
             None => Identity::Bootstrap,
         };
-        let client = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity).await?;
-        obtain(&client, &request, attestor.as_mut()).await
+        let workload = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity).await?;
+        obtain(&workload, &request, attestor.as_mut()).await
     })
 }

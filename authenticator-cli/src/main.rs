@@ -8,6 +8,7 @@ mod adopt;
 mod backoff;
 mod cert_dir;
 mod csr;
+mod error_chain;
 mod exec;
 mod exec_credential;
 mod metadata;
@@ -70,8 +71,9 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        // Every failure, whatever the mode, exits 1 (clap's usage errors exit 2).
         Err(error) => {
-            eprintln!("kubelet-authenticator: {error:#}");
+            eprintln!("kubelet-authenticator: {}", error_chain::Chain(&error));
             ExitCode::FAILURE
         }
     }

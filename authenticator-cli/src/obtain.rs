@@ -15,7 +15,7 @@ use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::api::{ObjectMeta, PostParams};
-use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig, KubeconfigError, LoadDataError};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use zeroize::Zeroizing;
@@ -59,6 +59,43 @@ pub enum Identity<'a> {
     },
 }
 
+/// A client of the workload apiserver, and the apiserver's URL for messages (kube's own errors
+/// do not name it, and "unreachable" alone does not say which apiserver the node was sent to).
+pub struct Workload {
+    /// The client.
+    pub client: Client,
+    /// The apiserver's URL.
+    pub url: String,
+}
+
+/// Reads the kubeconfig at `path`; `what` names it in messages (e.g. "the bootstrap kubeconfig
+/// /etc/kubernetes/bootstrap-kubelet.conf (--bootstrap-kubeconfig)"). kube's read error quotes
+/// the path as Rust debug text and prints the OS error both in its text and as its source:
+/// here the path is named once, by `what`, and the OS error is the only cause.
+pub fn read_kubeconfig(path: &Path, what: impl FnOnce() -> String) -> Result<Kubeconfig> {
+    Kubeconfig::read_from(path).map_err(|error| match error {
+        KubeconfigError::ReadConfig(io, _) => anyhow::Error::new(io).context(format!("cannot read {}", what())),
+        other => anyhow::Error::new(other).context(format!("{} is not a usable kubeconfig", what())),
+    })
+}
+
+/// kube's error for a kubeconfig it could not load, with a file it names (a CA, a client
+/// certificate or key) said once and unquoted, as [`read_kubeconfig`] does for the kubeconfig.
+fn config_error(error: KubeconfigError) -> anyhow::Error {
+    let file = |what: &str, data: LoadDataError| match data {
+        LoadDataError::ReadFile(io, path) => {
+            anyhow::Error::new(io).context(format!("cannot read the {what} {}", path.display()))
+        }
+        other => anyhow::Error::new(other).context(format!("the {what}")),
+    };
+    match error {
+        KubeconfigError::LoadCertificateAuthority(data) => file("certificate authority", data),
+        KubeconfigError::LoadClientCertificate(data) => file("client certificate", data),
+        KubeconfigError::LoadClientKey(data) => file("client key", data),
+        other => anyhow::Error::new(other),
+    }
+}
+
 /// A client of the workload apiserver as `identity`. A bootstrap uses the bootstrap kubeconfig
 /// whole (its token is the identity). A renewal authenticates with the node's certificate and
 /// finds the apiserver in `cluster` (kubelet's own kubeconfig's cluster, from
@@ -68,15 +105,17 @@ pub async fn client(
     bootstrap_kubeconfig: &Path,
     cluster: Option<&ExecCluster>,
     identity: Identity<'_>,
-) -> Result<Client> {
+) -> Result<Workload> {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD;
     let (mut kubeconfig, source) = match (&identity, cluster) {
-        (Identity::Node { .. }, Some(cluster)) => (node_kubeconfig(cluster)?, "KUBERNETES_EXEC_INFO's cluster".to_owned()),
+        (Identity::Node { .. }, Some(cluster)) => {
+            (node_kubeconfig(cluster)?, "KUBERNETES_EXEC_INFO's cluster".to_owned())
+        }
         _ => (
-            Kubeconfig::read_from(bootstrap_kubeconfig).with_context(|| {
+            read_kubeconfig(bootstrap_kubeconfig, || {
                 format!(
-                    "cannot read the bootstrap kubeconfig {} (--bootstrap-kubeconfig){}",
+                    "the bootstrap kubeconfig {} (--bootstrap-kubeconfig){}",
                     bootstrap_kubeconfig.display(),
                     if cluster.is_none() && matches!(identity, Identity::Node { .. }) {
                         "; a renewal finds the apiserver there unless kubelet's kubeconfig sets provideClusterInfo: true"
@@ -100,8 +139,13 @@ pub async fn client(
     }
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
+        .map_err(config_error)
         .with_context(|| source.clone())?;
-    Client::try_from(config).context("cannot build a client for the workload apiserver")
+    // As the kubeconfig spells it (`Uri` adds a `/` to a bare authority).
+    let url = config.cluster_url.to_string().trim_end_matches('/').to_owned();
+    let client =
+        Client::try_from(config).with_context(|| format!("cannot build a client for the workload apiserver {url}"))?;
+    Ok(Workload { client, url })
 }
 
 /// A kubeconfig for `cluster` with one (empty) user, filled in by [`client`].
@@ -126,13 +170,14 @@ fn node_kubeconfig(cluster: &ExecCluster) -> Result<Kubeconfig> {
 
 /// Files the CSR and waits for its certificate. A two-phase attestor's first CSR is answered
 /// by a challenge annotation: the attestor answers it and the same key is filed again, once.
-pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn Attestor) -> Result<Issued> {
+pub async fn obtain(workload: &Workload, request: &Request<'_>, attestor: &mut dyn Attestor) -> Result<Issued> {
     let key = NodeKey::generate(KeyAlgorithm::EcdsaP256)?;
     let params = kubelet_client_params(request.node, request.provider_id);
-    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let api: Api<CertificateSigningRequest> = Api::all(workload.client.clone());
+    let url = workload.url.as_str();
     let envelope = build_envelope(&params, &key, attestor, None)?;
     let work = async {
-        let first = file(&api, request, &envelope).await?;
+        let first = file(&api, url, request, &envelope).await?;
         match wait(&api, &first, attestor.challenge_annotation()).await? {
             Step::Issued(pem) => Ok((pem, first)),
             Step::Challenged { uid, annotation } => {
@@ -143,7 +188,7 @@ pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn A
                 };
                 let envelope = build_envelope(&params, &key, attestor, Some(answer))
                     .with_context(|| format!("answering the challenge on CSR {first}"))?;
-                let second = file(&api, request, &envelope).await?;
+                let second = file(&api, url, request, &envelope).await?;
                 match wait(&api, &second, None).await? {
                     Step::Issued(pem) => Ok((pem, second)),
                     Step::Challenged { .. } => bail!("CSR {second} was challenged again"),
@@ -167,6 +212,7 @@ pub async fn obtain(client: &Client, request: &Request<'_>, attestor: &mut dyn A
 /// Files one CSR; returns its name.
 async fn file(
     api: &Api<CertificateSigningRequest>,
+    url: &str,
     request: &Request<'_>,
     envelope: &RequestEnvelope,
 ) -> Result<String> {
@@ -187,7 +233,7 @@ async fn file(
     let created = api
         .create(&PostParams::default(), &csr)
         .await
-        .map_err(|e| explain_api_error(e, "filing the CSR"))?;
+        .map_err(|e| explain_api_error(e, url, "filing the CSR"))?;
     Ok(created.metadata.name.unwrap_or_default())
 }
 
@@ -303,13 +349,31 @@ fn outcome(csr: &CertificateSigningRequest) -> Option<Result<String>> {
     Some(String::from_utf8(cert.0.clone()).map_err(|_| anyhow!("CSR {name}: the certificate is not PEM text")))
 }
 
-fn explain_api_error(error: kube::Error, doing: &str) -> anyhow::Error {
+/// `error` from the apiserver at `url` while `doing`, for a person: the URL always (kube's
+/// errors do not name it). A refusal (401, 403, ...) is the apiserver's answer, said in full.
+/// Anything else keeps kube's error as its source, so the cause (connection refused, DNS, TLS,
+/// an answer that does not parse, ...) is printed after the URL; a transport failure
+/// (hyper, or the client's service stack, where connect and TLS errors surface) is called
+/// unreachable.
+pub fn explain_api_error(error: kube::Error, url: &str, doing: &str) -> anyhow::Error {
     match error {
         kube::Error::Api(status) if status.code == 401 => anyhow!(
-            "{doing}: the workload apiserver refused our credentials (401): the bootstrap token may have expired"
+            "{doing}: the workload apiserver {url} refused our credentials (401): the bootstrap token may have expired"
         ),
-        kube::Error::Api(status) if status.code == 403 => anyhow!("{doing}: forbidden (403): {}", status.message),
-        kube::Error::Api(status) => anyhow!("{doing}: {} ({})", status.message, status.code),
-        other => anyhow!("{doing}: the workload apiserver is unreachable: {other}"),
+        kube::Error::Api(status) if status.code == 403 => {
+            anyhow!(
+                "{doing}: forbidden (403) by the workload apiserver {url}: {}",
+                status.message
+            )
+        }
+        kube::Error::Api(status) => anyhow!(
+            "{doing}: the workload apiserver {url} answered {} ({})",
+            status.message,
+            status.code
+        ),
+        other @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => {
+            anyhow::Error::new(other).context(format!("{doing}: the workload apiserver {url} is unreachable"))
+        }
+        other => anyhow::Error::new(other).context(format!("{doing} with the workload apiserver {url}")),
     }
 }

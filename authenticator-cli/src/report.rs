@@ -240,12 +240,10 @@ fn endpoint_or(
         if let Some(fallback) = fallback.clone().filter(|_| !path.exists()) {
             return Ok(fallback);
         }
-        let kubeconfig = kube::config::Kubeconfig::read_from(path).with_context(|| {
-            format!(
-                "no --server and --ca-file, and the bootstrap kubeconfig {} does not read",
-                path.display()
-            )
-        })?;
+        let kubeconfig = crate::obtain::read_kubeconfig(path, || {
+            format!("the bootstrap kubeconfig {} (--bootstrap-kubeconfig)", path.display())
+        })
+        .context("no --server and --ca-file, and their defaults come from the bootstrap kubeconfig")?;
         let context = kubeconfig
             .current_context
             .as_deref()
@@ -351,7 +349,7 @@ fn adopt(path: &std::path::Path, args: &KubeconfigArgs, exec: &ExecArgs) -> Resu
     let node = match exec.node() {
         Ok(node) => node,
         Err(e) => {
-            refuse(format!("{e:#}"));
+            refuse(crate::error_chain::Chain(&e).to_string());
             return Ok(());
         }
     };

@@ -134,6 +134,97 @@ fn a_missing_bootstrap_kubeconfig_or_unreachable_apiserver_is_said_plainly() {
     );
 }
 
+/// The OS's text for ENOENT, as Rust prints an `io::Error` of it.
+fn no_such_file() -> String {
+    std::io::Error::from_raw_os_error(2).to_string()
+}
+
+#[test]
+fn a_missing_kubeconfig_or_ca_file_is_named_once_with_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("x.conf");
+    let path = missing.to_str().unwrap();
+    let exec = plugin(&missing, &dir.path().join("pki"), &[], None);
+    let render = Command::new(PLUGIN)
+        .args(["--bootstrap-kubeconfig", path, "kubeconfig"])
+        .output()
+        .unwrap();
+    for out in [&exec, &render] {
+        let text = stderr(out);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert_eq!(text.matches(path).count(), 1, "the path once: {text}");
+        assert!(!text.contains('"'), "the path is not debug-quoted: {text}");
+        assert_eq!(text.matches(&no_such_file()).count(), 1, "the cause once: {text}");
+        assert!(
+            text.contains(&format!(
+                "cannot read the bootstrap kubeconfig {path} (--bootstrap-kubeconfig)"
+            )),
+            "{text}"
+        );
+    }
+
+    // A CA file the kubeconfig names, missing: kube's own error nests the OS error three deep.
+    let ca = dir.path().join("ca.crt");
+    let bootstrap = dir.path().join("bootstrap.conf");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: abcdef.0123456789abcdef\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+            ca.display()
+        ),
+    )
+    .unwrap();
+    let out = plugin(&bootstrap, &dir.path().join("pki"), &[], None);
+    let text = stderr(&out);
+    assert!(!out.status.success());
+    assert_eq!(text.matches(ca.to_str().unwrap()).count(), 1, "{text}");
+    assert!(!text.contains('"'), "{text}");
+    assert_eq!(text.matches(&no_such_file()).count(), 1, "{text}");
+    assert!(
+        text.contains(&format!("cannot read the certificate authority {}", ca.display())),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unreachable_apiserver_is_named_with_its_url_and_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    // A loopback port nothing listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("https://127.0.0.1:{port}");
+    let bootstrap = dir.path().join("bootstrap.conf");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {url}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: abcdef.0123456789abcdef\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let cert_dir = dir.path().join("pki");
+    let out = plugin(&bootstrap, &cert_dir, &[], None);
+    let text = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(out.stdout.is_empty());
+    assert!(
+        text.contains(&format!("filing the CSR: the workload apiserver {url} is unreachable")),
+        "the URL: {text}"
+    );
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let refused_os = std::io::Error::from_raw_os_error(111).to_string();
+    assert!(
+        text.contains(&refused_os) || text.contains(&refused.to_string()),
+        "the cause: {text}"
+    );
+    let status = plugin(&bootstrap, &cert_dir, &["status"], None);
+    let last = String::from_utf8_lossy(&status.stdout).into_owned();
+    let line = last.lines().find(|l| l.starts_with("last error:")).unwrap();
+    assert!(line.contains(&url) && line.contains(&refused_os), "{last}");
+}
+
 /// Stores worker-0's certificate 95% through its life (due for renewal, still valid) as the
 /// current one in `cert_dir`; returns its PEM.
 fn store_due_certificate(cert_dir: &Path) -> String {
