@@ -199,7 +199,7 @@ fn check_node(contents: &str, node: &NodeName, now: OffsetDateTime) -> Result<Cr
     let not_before = parsed.validity().not_before.to_datetime();
     let not_after = parsed.validity().not_after.to_datetime();
     if now >= not_after {
-        return Err(format!("certificate expired at {not_after}"));
+        return Err(format!("certificate expired at {}", crate::backoff::rfc3339(not_after)));
     }
     Ok(Credential {
         cert_pem: lf_pem(&cert),
@@ -224,6 +224,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// PEM with `\n` line endings (the `pem` crate writes `\r\n` by default).
 fn lf_pem(block: &pem::Pem) -> String {
     pem::encode_config(block, pem::EncodeConfig::new().set_line_ending(pem::LineEnding::LF))
+}
+
+/// `text` (a last-error record) with a leading time in `time`'s display form
+/// (`2026-11-26 15:04:05.123 +00:00:00: ...`, what earlier versions wrote) rewritten as RFC 3339
+/// in UTC; any other text as it is.
+fn rfc3339_prefix(text: &str) -> String {
+    const DISPLAYED: &[time::format_description::BorrowedFormatItem<'static>] = time::macros::format_description!(
+        "[year]-[month]-[day] [hour padding:none]:[minute]:[second].[subsecond] [offset_hour sign:mandatory]:[offset_minute]:[offset_second]"
+    );
+    text.split_once(": ")
+        .and_then(|(at, rest)| {
+            let at = OffsetDateTime::parse(at, DISPLAYED).ok()?;
+            Some(format!("{}: {rest}", crate::backoff::rfc3339(at)))
+        })
+        .unwrap_or_else(|| text.to_owned())
 }
 
 /// The cert dir.
@@ -386,9 +401,9 @@ impl CertDir {
         Ok(())
     }
 
-    /// Records the last failure for `status`.
+    /// Records the last failure for `status`: `<RFC 3339 time>: <message>`.
     pub fn record_error(&self, message: &str, now: OffsetDateTime) {
-        let text = format!("{now}: {message}\n");
+        let text = format!("{}: {message}\n", crate::backoff::rfc3339(now));
         let _ = std::fs::write(self.path(LAST_ERROR), text);
     }
 
@@ -397,9 +412,12 @@ impl CertDir {
         let _ = std::fs::remove_file(self.path(LAST_ERROR));
     }
 
-    /// The last failure, if any.
+    /// The last failure, if any, its time in RFC 3339 (a file written by an earlier version,
+    /// which wrote the time as `time` displays it, is read with its time converted).
     pub fn last_error(&self) -> Option<String> {
-        std::fs::read_to_string(self.path(LAST_ERROR)).ok()
+        std::fs::read_to_string(self.path(LAST_ERROR))
+            .ok()
+            .map(|text| rfc3339_prefix(&text))
     }
 
     /// The backoff record ([`crate::backoff`]): `Ok(None)` when there is none, `Err(why)` when
@@ -575,6 +593,30 @@ mod tests {
         params.not_after = not_after;
         let cert = params.self_signed(&key).unwrap();
         (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn the_last_error_is_read_with_an_rfc3339_time_also_from_a_file_an_earlier_version_wrote() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CertDir::existing(tmp.path());
+        let at = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap() + Duration::milliseconds(372);
+        dir.record_error("filing the CSR: refused: a: b", at);
+        assert_eq!(
+            dir.last_error().unwrap(),
+            "2027-01-15T08:00:00Z: filing the CSR: refused: a: b\n"
+        );
+        // What earlier versions wrote: the time as `time` displays it, in any offset.
+        let offset = time::UtcOffset::from_hms(2, 0, 0).unwrap();
+        for earlier in [at, at.to_offset(offset), at.replace_nanosecond(0).unwrap()] {
+            std::fs::write(dir.path(LAST_ERROR), format!("{earlier}: timed out: x\n")).unwrap();
+            assert_eq!(
+                dir.last_error().unwrap(),
+                "2027-01-15T08:00:00Z: timed out: x\n",
+                "{earlier}"
+            );
+        }
+        std::fs::write(dir.path(LAST_ERROR), "no time here: x\n").unwrap();
+        assert_eq!(dir.last_error().unwrap(), "no time here: x\n");
     }
 
     #[test]

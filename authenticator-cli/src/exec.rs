@@ -85,7 +85,12 @@ impl ExecArgs {
         let raw = match (&self.provider_id, &self.provider_id_file) {
             (Some(id), _) => id.clone(),
             (None, Some(file)) => std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read the provider ID from {}", file.display()))?
+                .with_context(|| {
+                    format!(
+                        "cannot read the provider ID file {} (--provider-id-file)",
+                        file.display()
+                    )
+                })?
                 .trim()
                 .to_owned(),
             (None, None) => bail!("no provider ID: pass --provider-id or --provider-id-file"),
@@ -163,7 +168,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                 "kubelet-authenticator: WARNING: {} holds a certificate for {} (valid until {}) {}; renewing with it as the node's identity",
                 dir.path(crate::cert_dir::CURRENT).display(),
                 credential.subject,
-                credential.not_after,
+                backoff::rfc3339(credential.not_after),
                 why.explain()
             );
             foreign = Some(why);
@@ -195,7 +200,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                     Some(old) => {
                         eprintln!(
                             "kubelet-authenticator: {why}; answering with the current certificate (valid until {})",
-                            old.not_after
+                            backoff::rfc3339(old.not_after)
                         );
                         Ok(answer_until(version, &old, until.min(old.not_after)))
                     }
@@ -220,7 +225,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
     {
         eprintln!(
             "kubelet-authenticator: the adoption waits: {why}; answering with the adopted certificate (valid until {})",
-            adopted.not_after
+            backoff::rfc3339(adopted.not_after)
         );
         let again = now + ADOPTION_RECHECK;
         return Ok(answer_until(version, adopted, again.min(adopted.not_after)));
@@ -271,7 +276,7 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                 Some(old) if now < old.not_after => {
                     eprintln!(
                         "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {}{then}",
-                        old.not_after,
+                        backoff::rfc3339(old.not_after),
                         Chain(&error)
                     );
                     // client-go calls again when the backoff ends, or at once after another

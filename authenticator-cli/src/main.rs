@@ -25,7 +25,13 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "kubelet-authenticator",
     version,
-    about,
+    // `-h` shows `about` only: it too says what the bare command is, since that is what kubelet
+    // runs and what a person meets first in a kubeconfig.
+    about = "Attested kubelet client certificates. Without a subcommand: the client-go exec \
+        credential plugin kubelet runs (prints one ExecCredential). Subcommands are for people \
+        and image builds.",
+    override_usage = "kubelet-authenticator [OPTIONS]             (exec mode: what kubelet runs)\n       \
+        kubelet-authenticator [OPTIONS] <COMMAND>   (OPTIONS go before the subcommand)",
     long_about = "Attested kubelet client certificates for Cluster API workload clusters.\n\n\
         Without a subcommand it is the client-go exec credential plugin: kubelet (its kubeconfig \
         user) runs it, and it prints one ExecCredential (KUBERNETES_EXEC_INFO is read), filing and \
@@ -43,8 +49,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// What the cert dir holds: subject, provider ID, validity, rotation point, backoff, last error.
+    // The exec-mode flags it reads belong to the top-level command: the usage says where they go,
+    // since clap's "unexpected argument" is all a person typing them after `status` would see.
+    #[command(override_usage = "kubelet-authenticator [OPTIONS] status    (OPTIONS: see kubelet-authenticator --help)")]
     Status,
     /// Print a kubelet kubeconfig whose user runs this plugin with the given flags.
+    #[command(
+        override_usage = "kubelet-authenticator [OPTIONS] kubeconfig [KUBECONFIG OPTIONS]    (OPTIONS: see kubelet-authenticator --help)"
+    )]
     Kubeconfig(report::KubeconfigArgs),
     /// Generate a key and print a complete `spec.request` envelope for it (offline).
     Csr(csr::CsrArgs),

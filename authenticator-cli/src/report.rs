@@ -19,11 +19,26 @@ pub fn status(args: &ExecArgs) -> Result<String> {
         (None, None) => None,
         _ => Some(args.provider_id()?),
     };
-    // For a person: it looks, and creates nothing.
+    // For a person: it looks, and creates nothing. A missing cert dir is said, not made (exec
+    // mode creates it at its first call).
     let dir = CertDir::existing(&args.cert_dir);
+    let dir_state = match std::fs::metadata(&args.cert_dir) {
+        Ok(meta) if meta.is_dir() => DirState::Present,
+        Ok(_) => DirState::Other("NOT A DIRECTORY".to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => DirState::Missing,
+        Err(e) => DirState::Other(format!("cannot be read: {e}")),
+    };
     let now = OffsetDateTime::now_utc();
     let mut out = String::new();
-    let _ = writeln!(out, "cert dir:      {}", args.cert_dir.display());
+    let _ = match &dir_state {
+        DirState::Present => writeln!(out, "cert dir:      {}", args.cert_dir.display()),
+        DirState::Missing => writeln!(
+            out,
+            "cert dir:      {} (does not exist: nothing stored yet; exec mode creates it)",
+            args.cert_dir.display()
+        ),
+        DirState::Other(why) => writeln!(out, "cert dir:      {} ({why})", args.cert_dir.display()),
+    };
     let _ = writeln!(out, "node:          {}", node.username());
     let _ = writeln!(out, "attestor:      {}", args.attestor.provider_version());
     let _ = writeln!(out, "signer:        {}", args.signer());
@@ -46,7 +61,11 @@ pub fn status(args: &ExecArgs) -> Result<String> {
                 Some(Hold::Until(_)) => "a CSR is filed when the backoff ends",
                 _ => "the next call files a CSR",
             };
-            let _ = writeln!(out, "certificate:   none yet ({CURRENT} is missing): {next}");
+            let missing = match dir_state {
+                DirState::Missing => "the cert dir does not exist".to_owned(),
+                _ => format!("{CURRENT} is missing"),
+            };
+            let _ = writeln!(out, "certificate:   none yet ({missing}): {next}");
         }
         Cached::Unusable(why) => {
             let _ = writeln!(out, "certificate:   UNUSABLE, will be replaced: {why}");
@@ -174,6 +193,16 @@ pub fn status(args: &ExecArgs) -> Result<String> {
         );
     }
     Ok(out)
+}
+
+/// What `status` found at the cert dir's path.
+enum DirState {
+    /// A directory.
+    Present,
+    /// Nothing.
+    Missing,
+    /// Something else, or an error; said as it is.
+    Other(String),
 }
 
 /// `word` as one shell word: as it is when it is plain, else in single quotes.

@@ -74,14 +74,41 @@ fn status_creates_nothing_and_a_provider_id_file_it_cannot_read_is_an_error() {
     };
     let out = status(&["--provider-id", PID]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("none yet"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("none yet"), "{text}");
     assert!(!cert_dir.exists(), "status created the cert dir");
-    let out = status(&["--provider-id-file", "/nope"]);
+    let first = text.lines().next().unwrap();
     assert!(
-        !out.status.success(),
-        "a provider ID file that cannot be read exits non-zero"
+        first.starts_with("cert dir:")
+            && first.contains(cert_dir.to_str().unwrap())
+            && first.contains("does not exist"),
+        "status says the cert dir does not exist: {text}"
     );
-    assert!(stderr(&out).contains("/nope"), "{}", stderr(&out));
+    let out = status(&["--provider-id-file", "/nope"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a provider ID file that cannot be read exits 1, as every failure does: {}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("cannot read the provider ID file /nope (--provider-id-file): No such file"),
+        "{}",
+        stderr(&out)
+    );
+    // The flag after the subcommand: clap's usage error (exit 2), whose usage line says where
+    // the flags go.
+    let after = Command::new(PLUGIN)
+        .args(["status", "--provider-id-file", "/nope"])
+        .output()
+        .unwrap();
+    assert_eq!(after.status.code(), Some(2));
+    assert!(
+        stderr(&after).contains("kubelet-authenticator [OPTIONS] status"),
+        "{}",
+        stderr(&after)
+    );
 
     // Its times are RFC 3339.
     std::fs::create_dir_all(&cert_dir).unwrap();
@@ -101,12 +128,22 @@ fn status_creates_nothing_and_a_provider_id_file_it_cannot_read_is_an_error() {
 
 #[test]
 fn the_help_says_the_bare_command_is_the_exec_plugin() {
-    let out = Command::new(PLUGIN).arg("--help").output().unwrap();
-    let help = String::from_utf8_lossy(&out.stdout);
-    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    let help = |flag: &str| {
+        let out = Command::new(PLUGIN).arg(flag).output().unwrap();
+        assert!(out.status.success());
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        (help.split_whitespace().collect::<Vec<_>>().join(" "), help)
+    };
+    let (flat, long) = help("--help");
     assert!(
         flat.contains("Without a subcommand it is the client-go exec credential plugin"),
-        "{help}"
+        "{long}"
+    );
+    assert!(flat.contains("(exec mode: what kubelet runs)"), "{long}");
+    let (flat, short) = help("-h");
+    assert!(
+        flat.contains("Without a subcommand: the client-go exec credential plugin kubelet runs"),
+        "{short}"
     );
 }
 
@@ -128,10 +165,13 @@ fn a_missing_bootstrap_kubeconfig_or_unreachable_apiserver_is_said_plainly() {
     assert!(down.stdout.is_empty());
     assert!(stderr(&down).contains("unreachable"), "{}", stderr(&down));
     let status = plugin(&bootstrap, &dir.path().join("pki"), &["status"], None);
-    assert!(
-        String::from_utf8_lossy(&status.stdout).contains("unreachable"),
-        "status shows the last error"
-    );
+    let text = String::from_utf8_lossy(&status.stdout).into_owned();
+    assert!(text.contains("unreachable"), "status shows the last error");
+    // Its time too is RFC 3339.
+    let line = text.lines().find(|l| l.starts_with("last error:")).unwrap();
+    let at = line["last error:".len()..].trim_start().split(": ").next().unwrap();
+    OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|e| panic!("last error's time {at:?} is not RFC 3339 ({e}): {text}"));
 }
 
 /// The OS's text for ENOENT, as Rust prints an `io::Error` of it.
