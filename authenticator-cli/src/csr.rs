@@ -42,7 +42,10 @@ impl AttestorName {
                     EkKind::Rsa2048 => EkAlgorithm::Rsa2048,
                     EkKind::EccP256 => EkAlgorithm::EccP256,
                 };
-                Ok(Box::new(TpmAttestor::new(&tpm.tpm_tcti)?.with_ek_algorithm(algorithm)))
+                tpm_device_opens(&tpm.tpm_tcti)?;
+                Ok(Box::new(TssLogExplained(
+                    TpmAttestor::new(&tpm.tpm_tcti)?.with_ek_algorithm(algorithm),
+                )))
             }
             #[cfg(not(feature = "tpm"))]
             Self::Tpm => {
@@ -87,6 +90,82 @@ impl AttestorName {
             Self::Gcp => attestation::names::SIGNER_GCP,
             Self::Aws => attestation::names::SIGNER_AWS,
         }
+    }
+}
+
+/// For a `device` TCTI (`device`, `device:<path>`; the default `/dev/tpm0` when no path is
+/// given), whether the device opens, checked before tpm2-tss loads the TCTI. A node without a
+/// TPM is the common failure, and there tpm2-tss first logs three `ERROR:tcti` lines of its own
+/// to stderr and then returns a code tss-esapi reads as "response code not recognized"; checked
+/// here, the message names the device and the OS error, and the TPM library is never loaded.
+/// (Silencing tpm2-tss itself takes `TSS2_LOG` in the environment before it loads, which this
+/// process cannot set: `std::env::set_var` is unsafe in edition 2024 and the workspace forbids
+/// unsafe code.) Other TCTIs (swtpm, mssim, tabrmd) are left to tpm2-tss.
+#[cfg(feature = "tpm")]
+fn tpm_device_opens(tcti: &str) -> Result<()> {
+    let path = match tcti.strip_prefix("device") {
+        Some("" | ":") => "/dev/tpm0",
+        Some(rest) => match rest.strip_prefix(':') {
+            Some(path) => path,
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    // Opened as tpm2-tss opens it (read-write), and closed at once: a permission problem is
+    // found here too. The kernel's resource manager (`tpmrm0`) gives each open its own space.
+    let opened = std::fs::OpenOptions::new().read(true).write(true).open(path);
+    let error = match opened {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            anyhow::Error::new(e).context(format!("no TPM at {path} (--tpm-tcti {tcti})"))
+        }
+        Err(e) => anyhow::Error::new(e).context(format!("cannot open the TPM at {path} (--tpm-tcti {tcti})")),
+    };
+    Err(error.context("--attestor tpm"))
+}
+
+/// The TPM attestor, its failures saying where the `ERROR:` lines printed before them come
+/// from: tpm2-tss logs its own errors to stderr, and this process cannot turn that off (see
+/// [`tpm_device_opens`]). Said only while `TSS2_LOG` is unset: an operator who set it asked
+/// for those lines.
+#[cfg(feature = "tpm")]
+struct TssLogExplained<A>(A);
+
+/// What a TPM failure adds while `TSS2_LOG` is unset.
+#[cfg(feature = "tpm")]
+const TSS2_LOG_HINT: &str = "lines above starting ERROR: or WARNING: are tpm2-tss's own log; TSS2_LOG=all+none in the environment silences them";
+
+#[cfg(feature = "tpm")]
+impl<A: Attestor> Attestor for TssLogExplained<A> {
+    fn provider_version(&self) -> attestation::envelope::ProviderVersion {
+        self.0.provider_version()
+    }
+
+    fn signer_name(&self) -> &'static str {
+        self.0.signer_name()
+    }
+
+    fn attest(
+        &mut self,
+        request: &attestation::attestor::AttestationRequest<'_>,
+    ) -> Result<Option<Vec<u8>>, attestation::attestor::AttestError> {
+        use attestation::attestor::AttestError;
+        let explained = |why: String| {
+            if std::env::var_os("TSS2_LOG").is_some() {
+                why
+            } else {
+                format!("{why} ({TSS2_LOG_HINT})")
+            }
+        };
+        self.0.attest(request).map_err(|error| match error {
+            AttestError::DeviceUnavailable(why) => AttestError::DeviceUnavailable(explained(why)),
+            AttestError::Failed(why) => AttestError::Failed(explained(why)),
+            other => other,
+        })
+    }
+
+    fn challenge_annotation(&self) -> Option<&'static str> {
+        self.0.challenge_annotation()
     }
 }
 

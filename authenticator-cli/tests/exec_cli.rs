@@ -265,6 +265,78 @@ fn an_unreachable_apiserver_is_named_with_its_url_and_the_cause() {
     assert!(line.contains(&url) && line.contains(&refused_os), "{last}");
 }
 
+/// `--attestor tpm` without a TPM: no tpm2-tss log lines before the plugin's own message,
+/// which names the device and the OS error once.
+#[cfg(feature = "tpm")]
+#[test]
+fn a_missing_tpm_device_is_said_once_without_the_tpm_librarys_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = unreachable_kubeconfig(dir.path());
+    let device = dir.path().join("tpmrm0");
+    let tcti = format!("device:{}", device.display());
+    let out = plugin(
+        &bootstrap,
+        &dir.path().join("pki"),
+        &["--attestor", "tpm", "--tpm-tcti", &tcti],
+        None,
+    );
+    let text = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(out.stdout.is_empty());
+    assert!(!text.contains("ERROR:"), "tpm2-tss is never loaded: {text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains(&format!(
+            "--attestor tpm: no TPM at {} (--tpm-tcti {tcti}): {}",
+            device.display(),
+            no_such_file()
+        )),
+        "{text}"
+    );
+}
+
+/// A TCTI tpm2-tss itself fails to open (a swtpm nobody listens for): its own `ERROR:` lines
+/// are explained after the message, unless the operator set `TSS2_LOG`, which silences them.
+#[cfg(feature = "tpm")]
+#[test]
+fn tpm_library_log_lines_are_explained_and_tss2_log_silences_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = unreachable_kubeconfig(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let tcti = format!("swtpm:host=127.0.0.1,port={port}");
+    let run = |tss2_log: Option<&str>| {
+        let mut command = Command::new(PLUGIN);
+        command
+            .args(["--bootstrap-kubeconfig", bootstrap.to_str().unwrap()])
+            .args(["--cert-dir", dir.path().join("pki").to_str().unwrap()])
+            .args(["--node-name", "worker-0", "--provider-id", PID, "--timeout", "5s"])
+            .args(["--attestor", "tpm", "--tpm-tcti", &tcti])
+            .env_remove("KUBERNETES_EXEC_INFO");
+        match tss2_log {
+            Some(value) => command.env("TSS2_LOG", value),
+            None => command.env_remove("TSS2_LOG"),
+        };
+        command.output().unwrap()
+    };
+    let plain = run(None);
+    let text = stderr(&plain);
+    assert_eq!(plain.status.code(), Some(1), "{text}");
+    let last = text.lines().last().unwrap();
+    assert!(last.starts_with("kubelet-authenticator: "), "{text}");
+    assert!(last.contains("TSS2_LOG=all+none"), "the lines are explained: {text}");
+
+    let quiet = run(Some("all+none"));
+    let text = stderr(&quiet);
+    assert_eq!(quiet.status.code(), Some(1), "{text}");
+    assert!(!text.contains("ERROR:"), "{text}");
+    assert!(!text.contains("TSS2_LOG"), "no hint when the operator chose: {text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+}
+
 /// Stores worker-0's certificate 95% through its life (due for renewal, still valid) as the
 /// current one in `cert_dir`; returns its PEM.
 fn store_due_certificate(cert_dir: &Path) -> String {
