@@ -17,7 +17,9 @@ use crate::controller::workload_access::{self, WorkloadAccess, own_identity};
 
 /// What a Cluster's Secrets gave.
 pub(super) struct Credentials {
-    pub(super) access: WorkloadAccess,
+    /// `None`: the running worker's client is kept (its own identity through a CA gap, see
+    /// [`SecretReads::read_own`]).
+    pub(super) access: Option<WorkloadAccess>,
     /// The CA, or why it is unusable. With an operator's kubeconfig a missing CA is a transient
     /// gap (SPEC section 3): the worker runs, leaves approvable CSRs pending, and denies them
     /// `Expired` after `--csr-max-age`. The signer's own identity needs the CA, so without an
@@ -320,6 +322,19 @@ impl SecretReads {
         let access = if issued_identity {
             let ca = match &ca {
                 Ok(ca) => Arc::clone(ca),
+                // A CA gap (SPEC section 3) with a worker running: it keeps the identity it has
+                // (its transport renews it from the CA it loaded), so CSRs still wait and are
+                // denied `Expired` after `--csr-max-age`, as with an operator's kubeconfig.
+                Err(_) if running.is_some() => {
+                    return OwnRead::Fresh {
+                        credentials: Box::new(Credentials {
+                            access: None,
+                            ca,
+                            digest,
+                        }),
+                        ca_fingerprint,
+                    };
+                }
                 Err(why) => {
                     return invalid(format!(
                         "{why}: the signer issues its own identity in the workload cluster from it (or give it a kubeconfig of your own in Secret {operator_name})"
@@ -337,10 +352,11 @@ impl SecretReads {
             }
         } else {
             match crate::controller::client::build(config) {
-                Ok(client) => WorkloadAccess::OperatorKubeconfig { client },
+                Ok(client) => WorkloadAccess::Given { client },
                 Err(e) => return invalid(format!("Secret {used_name}: {e}")),
             }
         };
+        let access = Some(access);
         OwnRead::Fresh {
             credentials: Box::new(Credentials { access, ca, digest }),
             ca_fingerprint,

@@ -47,6 +47,7 @@ use self::scope::{Assignment, Scope, assign};
 use crate::controller::events::{cluster_reference, publish};
 use crate::controller::metrics::{ClusterState, Direction};
 use crate::controller::workload::{Shared, Worker};
+use crate::controller::workload_access::WorkloadAccess;
 
 struct Running {
     worker: Arc<Worker>,
@@ -180,12 +181,21 @@ impl Fleet {
         }
 
         for (k, (cluster, credentials)) in loaded {
-            let restarting = self.running.remove(&k).is_some();
+            let previous = self.running.remove(&k);
+            let restarting = previous.is_some();
+            let access = match (credentials.access, previous) {
+                (Some(access), _) => access,
+                (None, Some(previous)) => WorkloadAccess::Given {
+                    client: previous.worker.client(),
+                },
+                // Stopped meanwhile: read again at the next pass.
+                (None, None) => continue,
+            };
             tracing::info!(cluster = %k, restarting, "serving workload cluster");
             if let Err(why) = &credentials.ca {
                 tracing::warn!(cluster = %k, "{why}: approvable CSRs wait, then are denied Expired after --csr-max-age");
             }
-            let worker = Worker::new(&cluster, credentials.access, credentials.ca, Arc::clone(&self.shared));
+            let worker = Worker::new(&cluster, access, credentials.ca, Arc::clone(&self.shared));
             let task = tokio::spawn(Arc::clone(&worker).run());
             self.running.insert(
                 k,

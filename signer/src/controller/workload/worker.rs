@@ -90,7 +90,7 @@ impl Worker {
     ) -> Arc<Self> {
         let (client, admin) = match access {
             WorkloadAccess::OwnIdentity { client, admin } => (client, Some(admin)),
-            WorkloadAccess::OperatorKubeconfig { client } => (client, None),
+            WorkloadAccess::Given { client } => (client, None),
         };
         let (csrs, writer) = reflector::store();
         let capacity = shared.settings.queue_capacity;
@@ -159,6 +159,12 @@ impl Worker {
     /// Counts a decision that could not be applied (an apiserver error, not a conflict).
     pub(super) fn apply_failed(&self) {
         self.shared.metrics.apply_error(&self.key);
+    }
+
+    /// The client it reaches its workload cluster with (kept by its successor through a CA
+    /// gap).
+    pub fn client(&self) -> Client {
+        self.client.clone()
     }
 
     /// NotAfter of the cluster's CA, when it loaded.

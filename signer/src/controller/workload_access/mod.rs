@@ -36,9 +36,10 @@ pub enum WorkloadAccess {
         /// The admin client, for the RBAC apply and nothing else.
         admin: Client,
     },
-    /// The operator's kubeconfig, as it is.
-    OperatorKubeconfig {
-        /// Its client.
+    /// A client used as it is: the operator's kubeconfig, or the client a worker ran on,
+    /// kept through a CA gap.
+    Given {
+        /// The client.
         client: Client,
     },
 }
