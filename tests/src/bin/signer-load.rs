@@ -57,7 +57,7 @@ const GOAL_RSS_MIB: f64 = 48.0;
 const GOAL_CLUSTER_P99: f64 = 2.0;
 
 #[derive(Parser)]
-#[command(about = "Load harness for node-attestation-signer (issue 13)")]
+#[command(about = "Load harness for node-attestation-signer")]
 struct Args {
     /// What to run.
     #[arg(long, value_enum, default_value_t = Scenario::Storm)]

@@ -43,7 +43,7 @@ const GOAL_MILLION_GIB: f64 = 1.0;
 const NAMESPACE: &str = "fleet";
 
 #[derive(Parser)]
-#[command(about = "Memory harness for node-attestation-signer (issue 20)")]
+#[command(about = "Memory harness for node-attestation-signer")]
 struct Args {
     /// Machines in all (each with its own KubeadmConfig).
     #[arg(long, default_value_t = 30_000)]

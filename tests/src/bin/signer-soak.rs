@@ -60,7 +60,7 @@ const GOAL_SLACK: Duration = Duration::from_secs(5);
 const MEMBER_PREFIX: &str = "node-attestation-signer-";
 
 #[derive(Parser)]
-#[command(about = "Soak of sharded node-attestation-signer replicas under SIGKILLs (issue 14)")]
+#[command(about = "Soak of sharded node-attestation-signer replicas under SIGKILLs")]
 struct Args {
     /// CSRs filed in all (joins, renewals, duplicates).
     #[arg(long, default_value_t = 10_000)]
