@@ -14,6 +14,7 @@
 //! [`crate::attestor::Verification::NeedsCloud`] with the [`CloudCall`] to make; the
 //! controller makes it and decides again.
 
+pub mod pkcs7;
 pub mod statement;
 
 pub use statement::{CLOCK_SKEW, DEFAULT_MAX_AGE, binding, check_fresh};
