@@ -17,7 +17,9 @@
 
 pub mod attestor;
 pub mod aws;
+
 pub mod ca;
+mod challenge;
 pub mod claim;
 pub mod cloud;
 pub mod csr;

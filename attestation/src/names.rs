@@ -22,6 +22,8 @@ pub const SIGNER_TPM: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-tpm
 pub const SIGNER_GCP: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-gcp";
 /// Client signer for `aws/v1`.
 pub const SIGNER_AWS: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-aws";
+/// Client signer for `azure/v1`.
+pub const SIGNER_AZURE: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-azure";
 /// Serving CSRs this signer approves (the workload cluster's controller-manager signs them).
 pub const SIGNER_KUBELET_SERVING: &str = "kubernetes.io/kubelet-serving";
 
@@ -36,6 +38,8 @@ pub const ANNOTATION_AWS_ROLES: &str = "cluster.x-k8s.io/kubelet-aws-roles";
 pub const ANNOTATION_AWS_ACCOUNTS: &str = "cluster.x-k8s.io/kubelet-aws-accounts";
 /// Cluster allow-list of GCP project IDs that may attest with `gcp/v1` (comma list).
 pub const ANNOTATION_GCP_PROJECTS: &str = "cluster.x-k8s.io/kubelet-gcp-projects";
+/// Cluster allow-list of Azure subscription IDs that may attest with `azure/v1` (comma list).
+pub const ANNOTATION_AZURE_SUBSCRIPTIONS: &str = "cluster.x-k8s.io/kubelet-azure-subscriptions";
 /// EK pin on a Machine or MachinePool (comma list of lowercase hex SHA-256).
 pub const ANNOTATION_EK_PIN: &str = "cluster.x-k8s.io/tpm-ek-sha256";
 
@@ -53,6 +57,8 @@ pub const ANNOTATION_POOL_CLAIMS: &str = "cluster.x-k8s.io/kubelet-claims";
 pub const ANNOTATION_SUPPORTED_VERSIONS: &str = "cluster.x-k8s.io/attestation-supported-versions";
 /// The TPM credential challenge the signer writes on CSR #1.
 pub const ANNOTATION_TPM_CHALLENGE: &str = "cluster.x-k8s.io/tpm-credential-challenge";
+/// The `azure/v1` challenge (the nonce for the attested document) the signer writes on CSR #1.
+pub const ANNOTATION_AZURE_CHALLENGE: &str = "cluster.x-k8s.io/azure-attestation-challenge";
 
 /// Group of every bootstrap-token user.
 pub const GROUP_BOOTSTRAPPERS: &str = "system:bootstrappers";

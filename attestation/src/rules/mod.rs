@@ -15,7 +15,7 @@ use crate::attestor::Verifiers;
 use crate::csr_object::{CsrDirectory, CsrObject};
 use crate::decision::{CsrKind, Decision, DenyReason, Outcome, Rule, RuleOutcome, Verdict};
 use crate::machine::{ClusterView, Inventory, NodeView};
-use crate::names::{SIGNER_AWS, SIGNER_GCP, SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
+use crate::names::{SIGNER_AWS, SIGNER_AZURE, SIGNER_GCP, SIGNER_INSECURE, SIGNER_KUBELET_SERVING, SIGNER_TPM};
 
 /// Time, as the signer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +105,7 @@ pub struct NotOurSigner {
 /// What kind of CSR a signer name is, if it is one of ours.
 pub fn classify(signer_name: &str) -> Option<CsrKind> {
     match signer_name {
-        SIGNER_INSECURE | SIGNER_TPM | SIGNER_GCP | SIGNER_AWS => Some(CsrKind::KubeletClient),
+        SIGNER_INSECURE | SIGNER_TPM | SIGNER_GCP | SIGNER_AWS | SIGNER_AZURE => Some(CsrKind::KubeletClient),
         SIGNER_KUBELET_SERVING => Some(CsrKind::KubeletServing),
         _ => None,
     }

@@ -19,7 +19,7 @@ use super::ek::EkTrust;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
 use crate::attestor::{Evidence, Verification, Verifier};
-use crate::cloud::CloudCall;
+use crate::challenge::{Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr};
 use crate::csr::ParsedCsr;
 use crate::csr_object::CsrRef;
 use crate::decision::DenyReason;
@@ -33,8 +33,6 @@ pub const PROVIDER: &str = "tpm";
 /// Default lifetime of a challenge.
 pub const DEFAULT_CHALLENGE_TTL: Duration = Duration::minutes(10);
 
-/// How far in the future an `issuedAt` may lie (replicas' clocks differ a little).
-const CLOCK_SKEW: Duration = Duration::seconds(60);
 
 /// Challenges pending at once for one provider ID: enough for a node that retried, few enough
 /// that a flood of first-phase CSRs costs the signer nothing.
@@ -96,44 +94,8 @@ impl TpmVerifier {
     }
 }
 
-/// Said of a challenge read without the challenge key.
-const UNCHECKED_MAC: &str = " (its mac is the signer's to check: explain holds no challenge key)";
-
-/// A refusal: reason and message.
-type Refusal = (DenyReason, String);
-
-/// Why a challenge annotation does not count.
-enum Unverified {
-    /// Malformed, expired or ahead: refused.
-    Refused(Refusal),
-    /// Its mac verifies under no key held: a forgery, or a challenge of a key the Secret holds
-    /// since this replica last read it.
-    UnknownKey,
-}
-
-impl Unverified {
-    /// The verdict on a CSR whose challenge did not count: refused, or (a key maybe rotated
-    /// since it was read before the CSR was first seen) held while the key is read again.
-    fn judge(self, keys: Option<&Keys>, evidence: &Evidence<'_>) -> Result<Verification, Refusal> {
-        match self {
-            Self::Refused(refusal) => Err(refusal),
-            Self::UnknownKey if keys.is_some_and(|k| k.may_be_stale(evidence.first_seen, evidence.now)) => Ok(Verification::NeedsCloud {
-                call: CloudCall::ReloadChallengeKey,
-                message: "tpm/v1: the challenge annotation's mac verifies under no challenge key this replica holds; reading the key again (it may have been rotated)".into(),
-            }),
-            Self::UnknownKey => Err(challenge_failed(
-                "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
-            )),
-        }
-    }
-}
-
 fn invalid(message: impl Into<String>) -> Refusal {
     (DenyReason::AttestationInvalid, message.into())
-}
-
-fn challenge_failed(message: impl Into<String>) -> Refusal {
-    (DenyReason::ChallengeFailed, message.into())
 }
 
 /// What both phases establish: a trusted EK, an AK fit to attest, and a quote by it.
@@ -248,7 +210,7 @@ impl TpmVerifier {
         if let Some(existing) = evidence.object.annotations.get(ANNOTATION_TPM_CHALLENGE) {
             let (issued_at, _) = match self.live_challenge(keys, &evidence.object.uid, existing, evidence.now) {
                 Ok(live) => live,
-                Err(unverified) => return unverified.judge(keys, evidence),
+                Err(unverified) => return unverified.judge("tpm/v1", keys, evidence),
             };
             let unchecked = if keys.is_none() { UNCHECKED_MAC } else { "" };
             return Ok(Verification::Challenge {
@@ -308,25 +270,7 @@ impl TpmVerifier {
         let Some(reference) = &data.challenge else {
             return Err(invalid("phase 2 names no CSR #1"));
         };
-        let first = evidence
-            .csrs
-            .csr(&reference.csr_name)
-            .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} does not exist", reference.csr_name)))?;
-        if first.uid != reference.csr_uid {
-            return Err(challenge_failed(format!(
-                "CSR #1 {:?} has UID {:?}, not {:?}",
-                first.name, first.uid, reference.csr_uid
-            )));
-        }
-        if first.finished {
-            return Err(challenge_failed(format!("CSR #1 {:?} is already finished", first.name)));
-        }
-        if first.signer_name != evidence.object.signer_name || first.username != evidence.object.username {
-            return Err(challenge_failed(format!(
-                "CSR #1 {:?} was filed by {:?} for {:?}: CSR #2 must come from the same requester",
-                first.name, first.username, first.signer_name
-            )));
-        }
+        let first = first_csr(evidence, &reference.csr_name, &reference.csr_uid)?;
         let envelope = RequestEnvelope::parse(&first.request)
             .map_err(|e| challenge_failed(format!("CSR #1 does not parse: {e}")))?;
         let first_csr = ParsedCsr::from_der(&envelope.csr_der)
@@ -344,7 +288,7 @@ impl TpmVerifier {
             .ok_or_else(|| challenge_failed(format!("CSR #1 {:?} carries no challenge", first.name)))?;
         let (issued_at, key) = match self.live_challenge(keys, &first.uid, annotation, evidence.now) {
             Ok(live) => live,
-            Err(unverified) => return unverified.judge(keys, evidence),
+            Err(unverified) => return unverified.judge("tpm/v1", keys, evidence),
         };
 
         let attested = self.attest(evidence, data)?;
@@ -433,19 +377,7 @@ impl TpmVerifier {
             ),
             None => None,
         };
-        if issued_at > now + CLOCK_SKEW {
-            return Err(Unverified::Refused(challenge_failed(format!(
-                "the challenge was issued at {}, in the future: not this signer's",
-                parsed.issued_at
-            ))));
-        }
-        if now - issued_at > self.challenge_ttl {
-            return Err(Unverified::Refused(challenge_failed(format!(
-                "the challenge issued at {} expired after {}s unanswered; start again from phase 1",
-                parsed.issued_at,
-                self.challenge_ttl.whole_seconds()
-            ))));
-        }
+        check_age(&parsed.issued_at, issued_at, now, self.challenge_ttl)?;
         Ok((issued_at, key))
     }
 }
