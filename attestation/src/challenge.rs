@@ -8,6 +8,7 @@ use time::{Duration, OffsetDateTime};
 
 use crate::attestor::{Evidence, Verification};
 use crate::cloud::CloudCall;
+use crate::csr::ParsedCsr;
 use crate::csr_object::CsrObject;
 use crate::decision::DenyReason;
 use crate::tpm::challenge_key::Keys;
@@ -39,7 +40,12 @@ impl Unverified {
     /// The verdict on a CSR of `provider` whose challenge did not count: refused, or (a key
     /// maybe rotated since it was read before the CSR was first seen) held while the key is
     /// read again.
-    pub(crate) fn judge(self, provider: &str, keys: Option<&Keys>, evidence: &Evidence<'_>) -> Result<Verification, Refusal> {
+    pub(crate) fn judge(
+        self,
+        provider: &str,
+        keys: Option<&Keys>,
+        evidence: &Evidence<'_>,
+    ) -> Result<Verification, Refusal> {
         match self {
             Self::Refused(refusal) => Err(refusal),
             Self::UnknownKey if keys.is_some_and(|k| k.may_be_stale(evidence.first_seen, evidence.now)) => {
@@ -59,7 +65,12 @@ impl Unverified {
 
 /// Checks a challenge issued at `issued_at` (as `written`, for messages) is neither ahead of
 /// `now` nor older than `ttl`.
-pub(crate) fn check_age(written: &str, issued_at: OffsetDateTime, now: OffsetDateTime, ttl: Duration) -> Result<(), Unverified> {
+pub(crate) fn check_age(
+    written: &str,
+    issued_at: OffsetDateTime,
+    now: OffsetDateTime,
+    ttl: Duration,
+) -> Result<(), Unverified> {
     if issued_at > now + CLOCK_SKEW {
         return Err(Unverified::Refused(challenge_failed(format!(
             "the challenge was issued at {written}, in the future: not this signer's"
@@ -97,4 +108,19 @@ pub(crate) fn first_csr(evidence: &Evidence<'_>, csr_name: &str, csr_uid: &str) 
         )));
     }
     Ok(first)
+}
+
+/// CSR #2 must be CSR #1 again: byte-equal key, same subject and provider ID.
+pub(crate) fn same_request(second: &ParsedCsr, first: &ParsedCsr) -> Result<(), Refusal> {
+    if second.spki_der != first.spki_der {
+        return Err(challenge_failed("CSR #2's key differs from CSR #1's"));
+    }
+    if second.subject != first.subject {
+        return Err(challenge_failed("CSR #2's subject differs from CSR #1's"));
+    }
+    let pid = |c: &ParsedCsr| c.provider_id_extensions().map(|e| e.value.clone()).collect::<Vec<_>>();
+    if pid(second) != pid(first) {
+        return Err(challenge_failed("CSR #2's provider-ID extension differs from CSR #1's"));
+    }
+    Ok(())
 }

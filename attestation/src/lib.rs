@@ -17,7 +17,7 @@
 
 pub mod attestor;
 pub mod aws;
-
+pub mod azure;
 pub mod ca;
 mod challenge;
 pub mod claim;

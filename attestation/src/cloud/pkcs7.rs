@@ -285,9 +285,10 @@ impl SignedStatement {
 
     /// The embedded certificate the signer info names, if one does (Azure's leaf).
     pub fn embedded_signer(&self) -> Option<&[u8]> {
-        self.certificates.iter().map(Vec::as_slice).find(|der| {
-            x509_parser::certificate::X509Certificate::from_der(der).is_ok_and(|(_, c)| self.names(&c))
-        })
+        self.certificates
+            .iter()
+            .map(Vec::as_slice)
+            .find(|der| x509_parser::certificate::X509Certificate::from_der(der).is_ok_and(|(_, c)| self.names(&c)))
     }
 
     /// Whether the signer info names `certificate`.

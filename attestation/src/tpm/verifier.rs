@@ -19,7 +19,7 @@ use super::ek::EkTrust;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
 use crate::attestor::{Evidence, Verification, Verifier};
-use crate::challenge::{Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr};
+use crate::challenge::{Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr, same_request};
 use crate::csr::ParsedCsr;
 use crate::csr_object::CsrRef;
 use crate::decision::DenyReason;
@@ -32,7 +32,6 @@ pub const PROVIDER: &str = "tpm";
 
 /// Default lifetime of a challenge.
 pub const DEFAULT_CHALLENGE_TTL: Duration = Duration::minutes(10);
-
 
 /// Challenges pending at once for one provider ID: enough for a node that retried, few enough
 /// that a flood of first-phase CSRs costs the signer nothing.
@@ -409,16 +408,7 @@ fn fmt_time(t: OffsetDateTime) -> String {
 
 /// CSR #2 must be CSR #1 again: byte-equal key, same subject and provider ID, same EK and AK.
 fn same_as_first(second: &ParsedCsr, first: &ParsedCsr, data: &TpmData, first_data: &TpmData) -> Result<(), Refusal> {
-    if second.spki_der != first.spki_der {
-        return Err(challenge_failed("CSR #2's key differs from CSR #1's"));
-    }
-    if second.subject != first.subject {
-        return Err(challenge_failed("CSR #2's subject differs from CSR #1's"));
-    }
-    let pid = |c: &ParsedCsr| c.provider_id_extensions().map(|e| e.value.clone()).collect::<Vec<_>>();
-    if pid(second) != pid(first) {
-        return Err(challenge_failed("CSR #2's provider-ID extension differs from CSR #1's"));
-    }
+    same_request(second, first)?;
     if data.ak_public != first_data.ak_public {
         return Err(challenge_failed("CSR #2's AK differs from CSR #1's"));
     }

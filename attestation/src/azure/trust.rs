@@ -1,0 +1,177 @@
+//! Whose signature an attested document must carry (SPEC section 5): a leaf certificate that
+//! chains, through intermediates the signer ships, to a Microsoft or DigiCert root it ships, and
+//! that names a host under the cloud's metadata domain.
+//!
+//! Azure embeds only the leaf in the document. Its intermediates are not fetched from the URL
+//! the leaf names (an attacker's document could name any URL); they come from the bundle
+//! (`config/components/azure-ca-bundle`, built into the signer and replaceable with
+//! `--azure-ca-bundle`). Path building, validity, name constraints and the TLS server EKU are
+//! rustls-webpki's, with aws-lc-rs's algorithms. Revocation is not checked: the document lives
+//! six hours, and its nonce makes it good for one CSR.
+
+use rustls_pki_types::{CertificateDer, SignatureVerificationAlgorithm, TrustAnchor, UnixTime};
+use time::OffsetDateTime;
+use x509_parser::prelude::FromDer;
+
+/// The clouds' metadata domains: a leaf must name one, or a host under one.
+pub const METADATA_DOMAINS: &[(&str, &str)] = &[
+    ("metadata.azure.com", "Azure public cloud"),
+    ("metadata.azure.us", "Azure US Government"),
+    ("metadata.azure.cn", "Azure China (21Vianet)"),
+];
+
+/// The algorithms a chain may be signed with (aws-lc-rs only).
+static ALGORITHMS: &[&dyn SignatureVerificationAlgorithm] = &[
+    webpki::aws_lc_rs::RSA_PKCS1_2048_8192_SHA256,
+    webpki::aws_lc_rs::RSA_PKCS1_2048_8192_SHA384,
+    webpki::aws_lc_rs::RSA_PKCS1_2048_8192_SHA512,
+    webpki::aws_lc_rs::RSA_PKCS1_3072_8192_SHA384,
+    webpki::aws_lc_rs::ECDSA_P256_SHA256,
+    webpki::aws_lc_rs::ECDSA_P256_SHA384,
+    webpki::aws_lc_rs::ECDSA_P384_SHA256,
+    webpki::aws_lc_rs::ECDSA_P384_SHA384,
+];
+
+/// The certificates the signer ships (config/components/azure-ca-bundle/bundle).
+const SHIPPED: &[&str] = &[];
+
+/// Roots and intermediates an attested document's leaf must chain through.
+#[derive(Clone)]
+pub struct MicrosoftTrust {
+    roots: Vec<TrustAnchor<'static>>,
+    intermediates: Vec<CertificateDer<'static>>,
+}
+
+impl std::fmt::Debug for MicrosoftTrust {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MicrosoftTrust")
+            .field("roots", &self.roots.len())
+            .field("intermediates", &self.intermediates.len())
+            .finish()
+    }
+}
+
+/// What a verified leaf is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedLeaf {
+    /// The DNS name under a metadata domain it names.
+    pub dns_name: String,
+    /// Which cloud that domain is.
+    pub cloud: &'static str,
+}
+
+impl MicrosoftTrust {
+    /// The bundle built into the signer.
+    pub fn shipped() -> Self {
+        let pem: String = SHIPPED.concat();
+        Self::from_pem(pem.as_bytes()).unwrap_or_else(|_| Self {
+            roots: Vec::new(),
+            intermediates: Vec::new(),
+        })
+    }
+
+    /// A bundle of PEM certificates: the self-issued ones (subject = issuer) are roots, the
+    /// others intermediates. Anything but CERTIFICATE blocks is an error, as is a bundle
+    /// without a root.
+    pub fn from_pem(pem_bytes: &[u8]) -> Result<Self, String> {
+        let blocks = pem::parse_many(pem_bytes).map_err(|e| format!("the Azure CA bundle is not PEM: {e}"))?;
+        let mut roots = Vec::new();
+        let mut intermediates = Vec::new();
+        for (index, block) in blocks.into_iter().enumerate() {
+            if block.tag() != "CERTIFICATE" {
+                return Err(format!(
+                    "the Azure CA bundle's block {} is a {:?}, not a CERTIFICATE",
+                    index + 1,
+                    crate::identity::truncate(block.tag(), 40)
+                ));
+            }
+            let der = block.into_contents();
+            let (_, certificate) = x509_parser::certificate::X509Certificate::from_der(&der)
+                .map_err(|e| format!("the Azure CA bundle's certificate {} does not parse: {e}", index + 1))?;
+            let self_issued = certificate.subject().as_raw() == certificate.issuer().as_raw();
+            let der = CertificateDer::from(der);
+            if self_issued {
+                let anchor = webpki::anchor_from_trusted_cert(&der)
+                    .map_err(|e| format!("the Azure CA bundle's root {} is unusable: {e:?}", index + 1))?
+                    .to_owned();
+                roots.push(anchor);
+            } else {
+                intermediates.push(der);
+            }
+        }
+        if roots.is_empty() {
+            return Err("the Azure CA bundle holds no root (self-issued) certificate".into());
+        }
+        Ok(Self { roots, intermediates })
+    }
+
+    /// Roots and intermediates held.
+    pub fn len(&self) -> (usize, usize) {
+        (self.roots.len(), self.intermediates.len())
+    }
+
+    /// Checks `leaf_der` at `now`: it chains to a root for TLS server use, and names a host
+    /// under a metadata domain.
+    pub fn verify(&self, leaf_der: &[u8], now: OffsetDateTime) -> Result<TrustedLeaf, String> {
+        let leaf = CertificateDer::from(leaf_der);
+        let end_entity = webpki::EndEntityCert::try_from(&leaf)
+            .map_err(|e| format!("the document's certificate does not parse: {e:?}"))?;
+        let seconds = u64::try_from(now.unix_timestamp()).map_err(|_| "the clock is before 1970".to_owned())?;
+        let time = UnixTime::since_unix_epoch(std::time::Duration::from_secs(seconds));
+        end_entity
+            .verify_for_usage(
+                ALGORITHMS,
+                &self.roots,
+                &self.intermediates,
+                time,
+                webpki::KeyUsage::server_auth(),
+                None,
+                None,
+            )
+            .map_err(|e| {
+                format!("the document's certificate does not chain to the Azure CA bundle's roots at {now}: {e:?}")
+            })?;
+        let (_, certificate) = x509_parser::certificate::X509Certificate::from_der(leaf_der)
+            .map_err(|e| format!("the document's certificate does not parse: {e}"))?;
+        let names = dns_names(&certificate);
+        names
+            .iter()
+            .find_map(|name| {
+                let lower = name.to_ascii_lowercase();
+                METADATA_DOMAINS.iter().find_map(|(domain, cloud)| {
+                    let under = lower == *domain || lower.strip_suffix(domain).is_some_and(|head| head.ends_with('.'));
+                    under.then(|| TrustedLeaf {
+                        dns_name: lower.clone(),
+                        cloud,
+                    })
+                })
+            })
+            .ok_or_else(|| {
+                format!(
+                    "the document's certificate names {:?}, none under an Azure metadata domain ({})",
+                    names.iter().take(4).collect::<Vec<_>>(),
+                    METADATA_DOMAINS.iter().map(|(d, _)| *d).collect::<Vec<_>>().join(", ")
+                )
+            })
+    }
+}
+
+/// The certificate's DNS names: its SAN dNSNames, or, with no SAN extension at all, its CNs.
+fn dns_names(certificate: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+    match certificate.subject_alternative_name() {
+        Ok(Some(san)) => san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                x509_parser::extensions::GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                _ => None,
+            })
+            .collect(),
+        _ => certificate
+            .subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
+            .collect(),
+    }
+}
