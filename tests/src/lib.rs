@@ -3,6 +3,7 @@
 //! Cluster API objects. Objects built here are validated against the real CRDs in
 //! `testdata/crds` by the `crd_fixtures` suite.
 
+pub mod azure;
 pub mod ca;
 pub mod cabpk;
 pub mod capi;

@@ -32,14 +32,45 @@ static ALGORITHMS: &[&dyn SignatureVerificationAlgorithm] = &[
     webpki::aws_lc_rs::ECDSA_P384_SHA384,
 ];
 
-/// The certificates the signer ships (config/components/azure-ca-bundle/bundle).
-const SHIPPED: &[&str] = &[];
+/// The certificates the signer ships (config/components/azure-ca-bundle/bundle: sources and
+/// fingerprints in its SOURCES.tsv, checked by scripts/azure-ca-bundle).
+const SHIPPED: &[&str] = &[
+    include_str!("../../../config/components/azure-ca-bundle/bundle/baltimore-cybertrust-root.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/digicert-global-root-ca.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/digicert-global-root-g2.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-03-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-03.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-04-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-04.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-07-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-07.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-08-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-rsa-tls-issuing-ca-08.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-tls-issuing-ca-01-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-azure-tls-issuing-ca-05-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-it-tls-ca-4.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-rsa-root-certificate-authority-2017.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-rsa-tls-ca-01.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-rsa-tls-ca-02.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-02.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-04.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-06.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-08.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-10.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-12.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-14.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-g2-rsa-ca-ocsp-16.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-rsa-root-g2-xsign.pem"),
+    include_str!("../../../config/components/azure-ca-bundle/bundle/microsoft-tls-rsa-root-g2.pem"),
+];
 
-/// Roots and intermediates an attested document's leaf must chain through.
+/// Roots and intermediates an attested document's leaf must chain through, and the metadata
+/// domains its name may be under.
 #[derive(Clone)]
 pub struct MicrosoftTrust {
     roots: Vec<TrustAnchor<'static>>,
     intermediates: Vec<CertificateDer<'static>>,
+    domains: Vec<(String, &'static str)>,
 }
 
 impl std::fmt::Debug for MicrosoftTrust {
@@ -49,6 +80,10 @@ impl std::fmt::Debug for MicrosoftTrust {
             .field("intermediates", &self.intermediates.len())
             .finish()
     }
+}
+
+fn all_domains() -> Vec<(String, &'static str)> {
+    METADATA_DOMAINS.iter().map(|(d, c)| ((*d).to_owned(), *c)).collect()
 }
 
 /// What a verified leaf is.
@@ -67,6 +102,7 @@ impl MicrosoftTrust {
         Self::from_pem(pem.as_bytes()).unwrap_or_else(|_| Self {
             roots: Vec::new(),
             intermediates: Vec::new(),
+            domains: all_domains(),
         })
     }
 
@@ -102,7 +138,35 @@ impl MicrosoftTrust {
         if roots.is_empty() {
             return Err("the Azure CA bundle holds no root (self-issued) certificate".into());
         }
-        Ok(Self { roots, intermediates })
+        Ok(Self {
+            roots,
+            intermediates,
+            domains: all_domains(),
+        })
+    }
+
+    /// Only documents of these clouds' metadata domains (`metadata.azure.com`,
+    /// `metadata.azure.us`, `metadata.azure.cn`), instead of all three.
+    pub fn with_metadata_domains(mut self, domains: &[&str]) -> Result<Self, String> {
+        let mut chosen = Vec::new();
+        for domain in domains {
+            let known = METADATA_DOMAINS
+                .iter()
+                .find(|(d, _)| d.eq_ignore_ascii_case(domain))
+                .ok_or_else(|| {
+                    format!(
+                        "{:?} is not an Azure metadata domain ({})",
+                        crate::identity::truncate(domain, 64),
+                        METADATA_DOMAINS.iter().map(|(d, _)| *d).collect::<Vec<_>>().join(", ")
+                    )
+                })?;
+            chosen.push(((*known.0).to_owned(), known.1));
+        }
+        if chosen.is_empty() {
+            return Err("no Azure metadata domain given".into());
+        }
+        self.domains = chosen;
+        Ok(self)
     }
 
     /// Roots and intermediates held.
@@ -138,8 +202,11 @@ impl MicrosoftTrust {
             .iter()
             .find_map(|name| {
                 let lower = name.to_ascii_lowercase();
-                METADATA_DOMAINS.iter().find_map(|(domain, cloud)| {
-                    let under = lower == *domain || lower.strip_suffix(domain).is_some_and(|head| head.ends_with('.'));
+                self.domains.iter().find_map(|(domain, cloud)| {
+                    let under = lower == *domain
+                        || lower
+                            .strip_suffix(domain.as_str())
+                            .is_some_and(|head| head.ends_with('.'));
                     under.then(|| TrustedLeaf {
                         dns_name: lower.clone(),
                         cloud,
@@ -148,9 +215,13 @@ impl MicrosoftTrust {
             })
             .ok_or_else(|| {
                 format!(
-                    "the document's certificate names {:?}, none under an Azure metadata domain ({})",
+                    "the document's certificate names {:?}, none under the accepted metadata domains ({})",
                     names.iter().take(4).collect::<Vec<_>>(),
-                    METADATA_DOMAINS.iter().map(|(d, _)| *d).collect::<Vec<_>>().join(", ")
+                    self.domains
+                        .iter()
+                        .map(|(d, _)| d.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             })
     }

@@ -1,0 +1,424 @@
+//! A synthetic Azure for `azure/v1`: a Microsoft-like PKI (a root, an intermediate, a leaf for
+//! `<region>.metadata.azure.com` with an RSA key), attested documents laid out as Azure's
+//! (SignedData with the leaf embedded, `sha256WithRSAEncryption` in the digest fields, no signed
+//! attributes, the signature over the statement), and a world that runs the node's attestor and
+//! the signer's rule engine through both phases without a cluster. The signer is given the
+//! synthetic root in place of Microsoft's; everything else is the real code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::new_without_default, missing_docs)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use attestation::attestor::{AttestError, ChallengeAnswer, Verifiers};
+use attestation::azure::attestor::{AzureAttestor, AzureImds};
+use attestation::azure::{AzureVerifier, AzureVm, MicrosoftTrust, VirtualMachines, VmAnswer};
+use attestation::decision::{Decision, Outcome};
+use attestation::envelope::RequestEnvelope;
+use attestation::identity::{NodeName, ProviderId};
+use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
+use attestation::names::{ANNOTATION_AZURE_CHALLENGE, GROUP_BOOTSTRAPPERS, SIGNER_AZURE, usage};
+use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
+use attestation::tpm::challenge_key::ChallengeKey;
+use attestation::{Clock, CsrObject, Inputs, decide};
+use aws_lc_rs::encoding::AsDer as _;
+use base64::Engine as _;
+use rasn::types::{Any, OctetString, SetOf};
+use rasn_cms::pkcs7_compat::{EncapsulatedContentInfo, SignedData};
+use rasn_cms::{
+    AlgorithmIdentifier, CONTENT_DATA, CONTENT_SIGNED_DATA, CertificateChoices, ContentInfo, IssuerAndSerialNumber,
+    SignerIdentifier, SignerInfo,
+};
+use serde_json::{Value, json};
+use time::{Duration, OffsetDateTime};
+
+use crate::capi;
+
+pub const SUBSCRIPTION: &str = "8a205152-b25a-417f-a676-80465535a6c9";
+pub const VM_ID: &str = "b1310a36-d400-46f6-82cb-6217df846586";
+pub const NODE: &str = "worker-0";
+
+/// worker-0's CAPZ provider ID.
+pub fn provider_id(name: &str) -> String {
+    format!(
+        "azure:///subscriptions/{SUBSCRIPTION}/resourceGroups/capz-rg/providers/Microsoft.Compute/virtualMachines/{name}"
+    )
+}
+
+fn der<T: rasn::Encode>(what: &str, value: &T) -> Vec<u8> {
+    rasn::der::encode(value).unwrap_or_else(|e| panic!("{what} does not encode: {e}"))
+}
+
+/// `sha256WithRSAEncryption`, NULL parameters: what Azure writes even where a digest goes.
+fn sha256_with_rsa() -> AlgorithmIdentifier {
+    AlgorithmIdentifier {
+        algorithm: rasn::types::Oid::new(&[1, 2, 840, 113549, 1, 1, 11])
+            .unwrap()
+            .to_owned(),
+        parameters: Some(Any::new(vec![0x05, 0x00])),
+    }
+}
+
+/// `rsaEncryption`, NULL parameters.
+fn rsa_encryption() -> AlgorithmIdentifier {
+    AlgorithmIdentifier {
+        algorithm: rasn::types::Oid::ISO_MEMBER_BODY_US_RSADSI_PKCS1_RSA.to_owned(),
+        parameters: Some(Any::new(vec![0x05, 0x00])),
+    }
+}
+
+fn ca_params(common_name: &str) -> rcgen::CertificateParams {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "Synthetic Microsoft");
+    params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2100, 1, 1);
+    params
+}
+
+/// A Microsoft-like PKI that signs attested documents.
+pub struct AzurePki {
+    pub root_pem: String,
+    pub intermediate_pem: String,
+    pub leaf_der: Vec<u8>,
+    leaf_key: aws_lc_rs::rsa::KeyPair,
+    issuer_and_serial: IssuerAndSerialNumber,
+}
+
+impl AzurePki {
+    /// A root, an intermediate, and a leaf naming `dns_names` (valid 2020 to 2100).
+    pub fn new(dns_names: &[&str]) -> Self {
+        let root_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let root_params = ca_params("Synthetic Microsoft TLS RSA Root G2");
+        let root = root_params.clone().self_signed(&root_key).unwrap();
+        let root_issuer = rcgen::Issuer::from_params(&root_params, &root_key);
+        let intermediate_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut intermediate_params = ca_params("Synthetic Microsoft TLS G2 RSA CA OCSP 02");
+        intermediate_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        let intermediate = intermediate_params
+            .clone()
+            .signed_by(&intermediate_key, &root_issuer)
+            .unwrap();
+        let intermediate_issuer = rcgen::Issuer::from_params(&intermediate_params, &intermediate_key);
+
+        let leaf_key = aws_lc_rs::rsa::KeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048).unwrap();
+        let pkcs8 = leaf_key.as_der().unwrap();
+        let rcgen_leaf_key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+            &rustls::pki_types::PrivatePkcs8KeyDer::from(pkcs8.as_ref()),
+            &rcgen::PKCS_RSA_SHA256,
+        )
+        .unwrap();
+        let mut leaf_params =
+            rcgen::CertificateParams::new(dns_names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+        leaf_params.distinguished_name = rcgen::DistinguishedName::new();
+        leaf_params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            dns_names.first().copied().unwrap_or("metadata.azure.com"),
+        );
+        leaf_params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        leaf_params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        leaf_params.not_after = rcgen::date_time_ymd(2100, 1, 1);
+        let mut serial = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut serial).unwrap();
+        serial[0] = (serial[0] & 0x7f) | 0x01;
+        leaf_params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+        let leaf = leaf_params.signed_by(&rcgen_leaf_key, &intermediate_issuer).unwrap();
+        let leaf_der = leaf.der().to_vec();
+        let decoded: rasn_cms::Certificate = rasn::der::decode(&leaf_der).unwrap();
+        Self {
+            root_pem: root.pem(),
+            intermediate_pem: intermediate.pem(),
+            issuer_and_serial: IssuerAndSerialNumber {
+                issuer: decoded.tbs_certificate.issuer.clone(),
+                serial_number: decoded.tbs_certificate.serial_number.clone(),
+            },
+            leaf_der,
+            leaf_key,
+        }
+    }
+
+    /// The `--azure-ca-bundle` a signer trusting this PKI is given.
+    pub fn bundle_pem(&self) -> String {
+        format!("{}{}", self.root_pem, self.intermediate_pem)
+    }
+
+    pub fn trust(&self) -> MicrosoftTrust {
+        MicrosoftTrust::from_pem(self.bundle_pem().as_bytes()).unwrap()
+    }
+
+    /// The attested document (PKCS#7, DER) of `statement`, laid out as Azure's.
+    pub fn sign(&self, statement: &[u8]) -> Vec<u8> {
+        let mut signature = vec![0; self.leaf_key.public_modulus_len()];
+        self.leaf_key
+            .sign(
+                &aws_lc_rs::signature::RSA_PKCS1_SHA256,
+                &aws_lc_rs::rand::SystemRandom::new(),
+                statement,
+                &mut signature,
+            )
+            .unwrap();
+        let signer = SignerInfo {
+            version: 1.into(),
+            sid: SignerIdentifier::IssuerAndSerialNumber(self.issuer_and_serial.clone()),
+            digest_algorithm: sha256_with_rsa(),
+            signed_attrs: None,
+            signature_algorithm: rsa_encryption(),
+            signature: OctetString::from(signature),
+            unsigned_attrs: None,
+        };
+        let leaf: rasn_cms::Certificate = rasn::der::decode(&self.leaf_der).unwrap();
+        let signed_data = SignedData {
+            version: 1.into(),
+            digest_algorithms: SetOf::from_vec(vec![sha256_with_rsa()]),
+            encap_content_info: EncapsulatedContentInfo {
+                content_type: CONTENT_DATA.to_owned(),
+                content: Some(Any::new(der("the statement", &OctetString::from(statement.to_vec())))),
+            },
+            certificates: Some(SetOf::from_vec(vec![CertificateChoices::Certificate(Box::new(leaf))])),
+            crls: None,
+            signer_infos: SetOf::from_vec(vec![signer]),
+        };
+        der(
+            "the ContentInfo",
+            &ContentInfo {
+                content_type: CONTENT_SIGNED_DATA.to_owned(),
+                content: Any::new(der("the SignedData", &signed_data)),
+            },
+        )
+    }
+
+    /// [`AzurePki::sign`], base64 as IMDS serves it.
+    pub fn sign_base64(&self, statement: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(self.sign(statement))
+    }
+}
+
+/// Azure's time form, `MM/DD/YY HH:MM:SS -0000`.
+pub fn azure_time(at: OffsetDateTime) -> String {
+    format!(
+        "{:02}/{:02}/{:02} {:02}:{:02}:{:02} -0000",
+        u8::from(at.month()),
+        at.day(),
+        at.year().rem_euclid(100),
+        at.hour(),
+        at.minute(),
+        at.second()
+    )
+}
+
+/// A statement as IMDS writes it, valid six hours from `created`.
+pub fn statement(nonce: &str, vm_id: &str, subscription: &str, created: OffsetDateTime) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "licenseType": "", "nonce": nonce, "plan": {"name": "", "product": "", "publisher": ""},
+        "sku": "22_04-lts-gen2", "subscriptionId": subscription,
+        "timeStamp": {"createdOn": azure_time(created), "expiresOn": azure_time(created + Duration::hours(6))},
+        "vmId": vm_id
+    }))
+    .unwrap()
+}
+
+/// What the IMDS stand-in signs: this VM's statement with the nonce asked, or what a test bends.
+#[derive(Clone)]
+pub struct Imds {
+    pub pki: Arc<AzurePki>,
+    pub vm_id: String,
+    pub subscription: String,
+    pub created: OffsetDateTime,
+    /// When set, the nonce signed instead of the one asked.
+    pub nonce_override: Option<String>,
+    pub asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl AzureImds for Imds {
+    fn attested_document(&mut self, nonce: &str) -> Result<String, AttestError> {
+        self.asked.lock().unwrap().push(nonce.to_owned());
+        let nonce = self.nonce_override.clone().unwrap_or_else(|| nonce.to_owned());
+        Ok(self
+            .pki
+            .sign_base64(&statement(&nonce, &self.vm_id, &self.subscription, self.created)))
+    }
+}
+
+/// ARM, as a table.
+#[derive(Default)]
+pub struct Arm(pub Mutex<HashMap<String, VmAnswer>>);
+
+impl Arm {
+    pub fn set(&self, provider_id: &str, answer: VmAnswer) {
+        let vm = AzureVm::parse(provider_id).unwrap();
+        self.0.lock().unwrap().insert(vm.cache_key(), answer);
+    }
+}
+
+impl VirtualMachines for Arm {
+    fn answer(&self, vm: &AzureVm) -> VmAnswer {
+        self.0
+            .lock()
+            .unwrap()
+            .get(&vm.cache_key())
+            .cloned()
+            .unwrap_or(VmAnswer::NotAsked)
+    }
+}
+
+/// worker-0 and worker-1 of an `azure` Cluster, the signer's `azure/v1` verifier trusting
+/// `pki`, ARM's answers, and the CSRs filed so far.
+pub struct World {
+    pub pki: Arc<AzurePki>,
+    pub arm: Arc<Arm>,
+    pub cluster: Value,
+    pub machines: Vec<Value>,
+    pub challenge_key: Vec<u8>,
+    pub csrs: Vec<CsrObject>,
+    pub now: OffsetDateTime,
+    pub serial: u32,
+}
+
+impl World {
+    pub fn new() -> Self {
+        let pki = Arc::new(AzurePki::new(&["eastus.metadata.azure.com", "metadata.azure.com"]));
+        let arm = Arc::new(Arm::default());
+        arm.set(&provider_id(NODE), VmAnswer::Found { vm_id: VM_ID.into() });
+        Self {
+            pki,
+            arm,
+            cluster: capi::cluster("azure"),
+            machines: vec![
+                capi::machine(NODE, Some(&provider_id(NODE))),
+                capi::machine("worker-1", Some(&provider_id("worker-1"))),
+            ],
+            challenge_key: vec![7; 32],
+            csrs: Vec::new(),
+            now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
+            serial: 0,
+        }
+    }
+
+    pub fn verifier_with(&self, key: ChallengeKey) -> AzureVerifier {
+        AzureVerifier::new(key, Arc::clone(&self.arm) as Arc<dyn VirtualMachines>).with_trust(self.pki.trust())
+    }
+
+    pub fn verifier(&self) -> AzureVerifier {
+        self.verifier_with(ChallengeKey::loaded(self.challenge_key.clone()).unwrap())
+    }
+
+    /// The IMDS of worker-0's VM.
+    pub fn imds(&self) -> Imds {
+        Imds {
+            pki: Arc::clone(&self.pki),
+            vm_id: VM_ID.into(),
+            subscription: SUBSCRIPTION.into(),
+            created: self.now - Duration::seconds(5),
+            nonce_override: None,
+            asked: Arc::default(),
+        }
+    }
+
+    /// A CSR object filed by worker-0's join token.
+    pub fn object(&mut self, envelope: &RequestEnvelope) -> CsrObject {
+        self.serial += 1;
+        CsrObject {
+            name: format!("node-csr-{}", self.serial),
+            uid: format!("00000000-0000-4000-8000-{:012}", self.serial),
+            request: envelope.encode().into_bytes(),
+            signer_name: SIGNER_AZURE.into(),
+            usages: vec![usage::DIGITAL_SIGNATURE.into(), usage::CLIENT_AUTH.into()],
+            username: "system:bootstrap:abcdef".into(),
+            groups: vec![GROUP_BOOTSTRAPPERS.into()],
+            created: Some(self.now),
+            ..CsrObject::default()
+        }
+    }
+
+    pub fn decide(&self, csr: &CsrObject) -> Decision {
+        self.decide_with(csr, self.verifier())
+    }
+
+    pub fn decide_with(&self, csr: &CsrObject, verifier: AzureVerifier) -> Decision {
+        let cluster = ClusterView::from_object(&self.cluster).unwrap();
+        let inventory = Inventory {
+            machines: self
+                .machines
+                .iter()
+                .map(|m| MachineView::from_object(m).unwrap().into())
+                .collect(),
+            kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
+                .iter()
+                .zip(["abcdef", "ghijkl"])
+                .map(|(name, token)| {
+                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2"))
+                        .unwrap()
+                        .into()
+                })
+                .collect(),
+            ..Inventory::default()
+        };
+        let verifiers = Verifiers::new().with(verifier);
+        let nodes: Vec<attestation::machine::NodeView> = Vec::new();
+        decide(&Inputs {
+            csr,
+            cluster: &cluster,
+            inventory: &inventory,
+            nodes: &nodes,
+            csrs: &self.csrs,
+            verifiers: &verifiers,
+            clock: Clock {
+                now: self.now,
+                first_seen: self.now,
+                max_age: Duration::minutes(15),
+            },
+        })
+        .unwrap()
+    }
+
+    /// CSR #1 for `key` (worker-0's provider ID unless `pid`), challenged; it is now in the
+    /// cluster with its challenge.
+    pub fn challenged(&mut self, key: &NodeKey) -> CsrObject {
+        let mut attestor = AzureAttestor::new(self.imds());
+        let envelope = build_envelope(&params(&provider_id(NODE)), key, &mut attestor, None).unwrap();
+        let mut csr = self.object(&envelope);
+        let decision = self.decide(&csr);
+        assert!(
+            matches!(decision.outcome, Outcome::Retry { .. }),
+            "phase 1 leaves CSR #1 pending: {decision:#?}"
+        );
+        assert!(
+            decision.annotations.contains_key(ANNOTATION_AZURE_CHALLENGE),
+            "{decision:#?}"
+        );
+        csr.annotations = decision.annotations;
+        self.csrs.push(csr.clone());
+        csr
+    }
+
+    /// CSR #2: `imds` answers CSR #1's challenge for `key`.
+    pub fn answer(&mut self, key: &NodeKey, first: &CsrObject, imds: Imds) -> (CsrObject, Decision) {
+        let annotation = first.annotations[ANNOTATION_AZURE_CHALLENGE].clone();
+        let answer = ChallengeAnswer {
+            csr_name: &first.name,
+            csr_uid: &first.uid,
+            annotation: &annotation,
+        };
+        let mut attestor = AzureAttestor::new(imds);
+        let envelope = build_envelope(&params(&provider_id(NODE)), key, &mut attestor, Some(answer)).unwrap();
+        let csr = self.object(&envelope);
+        let decision = self.decide(&csr);
+        (csr, decision)
+    }
+}
+
+pub fn params(provider_id: &str) -> rcgen::CertificateParams {
+    kubelet_client_params(&NodeName::new(NODE).unwrap(), &ProviderId::new(provider_id).unwrap())
+}
+
+pub fn key() -> NodeKey {
+    NodeKey::generate(KeyAlgorithm::EcdsaP256).unwrap()
+}
