@@ -280,6 +280,8 @@ pub struct World {
     pub csrs: Vec<CsrObject>,
     pub now: OffsetDateTime,
     pub serial: u32,
+    /// Who files the CSRs: worker-0's join token, or (renewal) the node itself.
+    pub as_node: bool,
 }
 
 impl World {
@@ -299,6 +301,7 @@ impl World {
             csrs: Vec::new(),
             now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
             serial: 0,
+            as_node: false,
         }
     }
 
@@ -322,17 +325,25 @@ impl World {
         }
     }
 
-    /// A CSR object filed by worker-0's join token.
+    /// A CSR object filed by worker-0's join token (or by the node, [`World::as_node`]).
     pub fn object(&mut self, envelope: &RequestEnvelope) -> CsrObject {
         self.serial += 1;
+        let (username, groups) = if self.as_node {
+            (
+                format!("system:node:{NODE}"),
+                vec![attestation::names::GROUP_NODES.to_owned(), "system:authenticated".to_owned()],
+            )
+        } else {
+            ("system:bootstrap:abcdef".to_owned(), vec![GROUP_BOOTSTRAPPERS.to_owned()])
+        };
         CsrObject {
             name: format!("node-csr-{}", self.serial),
             uid: format!("00000000-0000-4000-8000-{:012}", self.serial),
             request: envelope.encode().into_bytes(),
             signer_name: SIGNER_AZURE.into(),
             usages: vec![usage::DIGITAL_SIGNATURE.into(), usage::CLIENT_AUTH.into()],
-            username: "system:bootstrap:abcdef".into(),
-            groups: vec![GROUP_BOOTSTRAPPERS.into()],
+            username,
+            groups,
             created: Some(self.now),
             ..CsrObject::default()
         }
@@ -379,11 +390,16 @@ impl World {
         .unwrap()
     }
 
-    /// CSR #1 for `key` (worker-0's provider ID unless `pid`), challenged; it is now in the
-    /// cluster with its challenge.
+    /// CSR #1 for `key` and worker-0's provider ID, challenged; it is now in the cluster with
+    /// its challenge.
     pub fn challenged(&mut self, key: &NodeKey) -> CsrObject {
+        self.challenged_for(key, &provider_id(NODE))
+    }
+
+    /// [`World::challenged`] for provider ID `pid`.
+    pub fn challenged_for(&mut self, key: &NodeKey, pid: &str) -> CsrObject {
         let mut attestor = AzureAttestor::new(self.imds());
-        let envelope = build_envelope(&params(&provider_id(NODE)), key, &mut attestor, None).unwrap();
+        let envelope = build_envelope(&params(pid), key, &mut attestor, None).unwrap();
         let mut csr = self.object(&envelope);
         let decision = self.decide(&csr);
         assert!(
@@ -401,6 +417,11 @@ impl World {
 
     /// CSR #2: `imds` answers CSR #1's challenge for `key`.
     pub fn answer(&mut self, key: &NodeKey, first: &CsrObject, imds: Imds) -> (CsrObject, Decision) {
+        self.answer_for(key, first, imds, &provider_id(NODE))
+    }
+
+    /// [`World::answer`] for provider ID `pid`.
+    pub fn answer_for(&mut self, key: &NodeKey, first: &CsrObject, imds: Imds, pid: &str) -> (CsrObject, Decision) {
         let annotation = first.annotations[ANNOTATION_AZURE_CHALLENGE].clone();
         let answer = ChallengeAnswer {
             csr_name: &first.name,
@@ -408,7 +429,7 @@ impl World {
             annotation: &annotation,
         };
         let mut attestor = AzureAttestor::new(imds);
-        let envelope = build_envelope(&params(&provider_id(NODE)), key, &mut attestor, Some(answer)).unwrap();
+        let envelope = build_envelope(&params(pid), key, &mut attestor, Some(answer)).unwrap();
         let csr = self.object(&envelope);
         let decision = self.decide(&csr);
         (csr, decision)
