@@ -7,7 +7,7 @@ use attestation::attestor::Attestor;
 use attestation::identity::{NodeName, ProviderId};
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 
-use crate::metadata::{GceMetadataHttp, ImdsV2, env_value};
+use crate::metadata::{AzureImdsHttp, GceMetadataHttp, ImdsV2, env_value};
 
 /// Which attestor to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -23,6 +23,11 @@ pub enum AttestorName {
     /// (IMDSv2; `AWS_EC2_METADATA_SERVICE_ENDPOINT` names another metadata service, a URL, and
     /// `AWS_ENDPOINT_URL_STS` the STS endpoint signed for).
     Aws,
+    /// `azure/v1`: two CSRs, as `tpm/v1`: the first asks the signer for a challenge, the second
+    /// carries the attested document of Azure's instance metadata service fetched with the
+    /// challenge's nonce (`AZURE_METADATA_ENDPOINT` names another metadata service, a URL).
+    /// Without `--provider-id` or `--provider-id-file`, exec mode reads the VM's from it.
+    Azure,
 }
 
 /// The environment variable naming the STS endpoint `aws/v1` signs for (the AWS SDK
@@ -69,7 +74,17 @@ impl AttestorName {
                 };
                 Ok(Box::new(AwsAttestor::new(ImdsV2::from_env()?, endpoints)))
             }
+            Self::Azure => {
+                use attestation::azure::AzureAttestor;
+                Ok(Box::new(AzureAttestor::new(AzureImdsHttp::from_env()?)))
+            }
         }
+    }
+
+    /// Whether the attestor finds the node's provider ID itself when no flag gives it
+    /// (`azure`: the VM's, from the instance metadata service, as CAPZ writes it).
+    pub fn finds_provider_id(self) -> bool {
+        matches!(self, Self::Azure)
     }
 
     /// The PROVIDER block this attestor writes (`tpm/v1`, ...).
@@ -79,6 +94,7 @@ impl AttestorName {
             Self::Tpm => "tpm/v1",
             Self::Gcp => "gcp/v1",
             Self::Aws => "aws/v1",
+            Self::Azure => "azure/v1",
         }
     }
 
@@ -89,6 +105,7 @@ impl AttestorName {
             Self::Tpm => attestation::names::SIGNER_TPM,
             Self::Gcp => attestation::names::SIGNER_GCP,
             Self::Aws => attestation::names::SIGNER_AWS,
+            Self::Azure => attestation::names::SIGNER_AZURE,
         }
     }
 }
@@ -194,7 +211,9 @@ pub struct CsrArgs {
     /// Attestor: tpm (TPM 2.0, see --tpm-tcti), gcp (Compute Engine metadata server; env
     /// GCE_METADATA_HOST=host[:port] to use another), aws (EC2 metadata service, IMDSv2, and a
     /// signed STS request; env AWS_EC2_METADATA_SERVICE_ENDPOINT=<url> and AWS_ENDPOINT_URL_STS=<url>
-    /// to use others), or insecure (no evidence).
+    /// to use others), azure (Azure instance metadata service; env AZURE_METADATA_ENDPOINT=<url> to
+    /// use another), or insecure (no evidence). For tpm and azure this prints the first of their
+    /// two CSRs, which asks the signer for a challenge.
     #[arg(long, value_enum)]
     pub attestor: AttestorName,
     /// Where to write the private key (PKCS#8 PEM, mode 0600, written atomically).
@@ -252,5 +271,11 @@ pub fn run(args: &CsrArgs) -> Result<()> {
     crate::secret_file::write_private(&args.key_out, key.private_key_pem().as_bytes())?;
     print!("{}", envelope.encode());
     eprintln!("signer name: {}", attestor.signer_name());
+    if let Some(annotation) = attestor.challenge_annotation() {
+        eprintln!(
+            "this is CSR #1 of {}: the signer answers it with a challenge in the annotation {annotation}, which exec mode answers with CSR #2 (same key)",
+            attestor.provider_version()
+        );
+    }
     Ok(())
 }

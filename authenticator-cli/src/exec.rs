@@ -41,7 +41,8 @@ pub struct ExecArgs {
     /// Node name (default: the lower-cased hostname).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_NODE_NAME")]
     pub node_name: Option<String>,
-    /// The Machine's provider ID.
+    /// The Machine's provider ID (with --attestor azure and neither this nor --provider-id-file:
+    /// the VM's, read from the Azure instance metadata service when a CSR is to be filed).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_PROVIDER_ID", conflicts_with = "provider_id_file")]
     pub provider_id: Option<String>,
     /// A file holding the provider ID (written by the bootstrap provider at boot).
@@ -50,7 +51,8 @@ pub struct ExecArgs {
     /// Attestor: tpm (TPM 2.0, see --tpm-tcti), gcp (Compute Engine metadata server; env
     /// GCE_METADATA_HOST=host[:port] to use another), aws (EC2 metadata service, IMDSv2, and a
     /// signed STS request; env AWS_EC2_METADATA_SERVICE_ENDPOINT=<url> and AWS_ENDPOINT_URL_STS=<url>
-    /// to use others), or insecure (no evidence).
+    /// to use others), azure (Azure instance metadata service, two CSRs; env
+    /// AZURE_METADATA_ENDPOINT=<url> to use another), or insecure (no evidence).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_ATTESTOR", value_enum, default_value_t = AttestorName::Tpm)]
     pub attestor: AttestorName,
     /// The TPM (for `--attestor tpm`).
@@ -80,8 +82,9 @@ impl ExecArgs {
         NodeName::new(&raw).with_context(|| format!("node name {raw:?}"))
     }
 
-    /// The provider ID.
-    pub fn provider_id(&self) -> Result<ProviderId> {
+    /// The provider ID the flags give; `None` when neither is given and the attestor finds it
+    /// itself ([`AttestorName::finds_provider_id`]).
+    pub fn given_provider_id(&self) -> Result<Option<ProviderId>> {
         let raw = match (&self.provider_id, &self.provider_id_file) {
             (Some(id), _) => id.clone(),
             (None, Some(file)) => std::fs::read_to_string(file)
@@ -93,9 +96,25 @@ impl ExecArgs {
                 })?
                 .trim()
                 .to_owned(),
+            (None, None) if self.attestor.finds_provider_id() => return Ok(None),
             (None, None) => bail!("no provider ID: pass --provider-id or --provider-id-file"),
         };
-        ProviderId::new(&raw).with_context(|| format!("provider ID {raw:?}"))
+        ProviderId::new(&raw)
+            .map(Some)
+            .with_context(|| format!("provider ID {raw:?}"))
+    }
+
+    /// The provider ID: the flags', or the one the attestor finds (a request to the cloud's
+    /// metadata service).
+    pub fn provider_id(&self) -> Result<ProviderId> {
+        if let Some(given) = self.given_provider_id()? {
+            return Ok(given);
+        }
+        let found = crate::metadata::AzureImdsHttp::from_env()?
+            .provider_id()
+            .map_err(anyhow::Error::new)
+            .context("no --provider-id or --provider-id-file: --attestor azure reads the VM's from the Azure instance metadata service")?;
+        ProviderId::new(&found).with_context(|| format!("provider ID {found:?} (the VM's, from its resource ID)"))
     }
 
     /// The signer name.
@@ -143,17 +162,42 @@ pub fn run(args: &ExecArgs) -> Result<String> {
     let exec_info = std::env::var("KUBERNETES_EXEC_INFO").ok();
     let version = parse_exec_info(exec_info.as_deref())?;
     let node = args.node()?;
-    let provider_id = args.provider_id()?;
+    let given = args.given_provider_id()?;
     let dir = CertDir::open(&args.cert_dir)?;
     let now = OffsetDateTime::now_utc();
-    // The path kubelet pays on every call: no lock, no runtime, no network.
-    if let Cached::Usable(credential) = dir.current(&node, Some(&provider_id), now)
+    // The path kubelet pays on every call: no lock, no runtime, no network. A provider ID the
+    // attestor finds itself is a request to the metadata service, so it is not looked for
+    // here: the certificate stored is answered until its rotation point, whatever its provider
+    // ID, and the provider ID is found again for each CSR.
+    if let Cached::Usable(credential) = dir.current(&node, given.as_ref(), now)
         && now < credential.rotate_at
     {
         return Ok(answer(version, &credential));
     }
 
     let _lock = dir.lock()?;
+    let provider_id = match given {
+        Some(given) => given,
+        None => match args.provider_id() {
+            Ok(found) => found,
+            // As a renewal that failed: the stored certificate while it is valid, else the error.
+            Err(error) => {
+                let now = OffsetDateTime::now_utc();
+                dir.record_error(&Chain(&error).to_string(), now);
+                return match dir.current(&node, None, now) {
+                    Cached::Usable(old) | Cached::Foreign(old, _) if now < old.not_after => {
+                        eprintln!(
+                            "kubelet-authenticator: renewal failed, answering with the current certificate (valid until {}): {}",
+                            backoff::rfc3339(old.not_after),
+                            Chain(&error)
+                        );
+                        Ok(answer_until(version, &old, old.rotate_at.min(now)))
+                    }
+                    _ => Err(error),
+                };
+            }
+        },
+    };
     // Another invocation may have renewed while this one waited for the lock.
     let now = OffsetDateTime::now_utc();
     let mut foreign = None;

@@ -1,7 +1,8 @@
 //! Getting a certificate: a key, the attested envelope, a CSR filed with the bootstrap
 //! kubeconfig (first time) or the current certificate (renewal), and a watch until the signer
-//! issues, denies or fails it, or the timeout passes. `tpm/v1` files twice: CSR #1 is
-//! answered with a challenge, CSR #2 (same key) with the certificate.
+//! issues, denies or fails it, or the timeout passes. The two-phase providers (`tpm/v1`,
+//! `azure/v1`: those with an [`Attestor::challenge_annotation`]) file twice: CSR #1 is
+//! answered with a challenge in that annotation, CSR #2 (same key) with the certificate.
 
 use std::path::Path;
 use std::time::Duration;

@@ -134,10 +134,11 @@ fn http_answer(status: &str, headers: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-const CLOUD_ENV: [&str; 3] = [
+const CLOUD_ENV: [&str; 4] = [
     "GCE_METADATA_HOST",
     "AWS_EC2_METADATA_SERVICE_ENDPOINT",
     "AWS_ENDPOINT_URL_STS",
+    "AZURE_METADATA_ENDPOINT",
 ];
 
 fn csr_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
@@ -313,4 +314,68 @@ fn the_aws_attestor_signs_a_request_the_signer_accepts_from_imdsv2_answers() {
     for get in &requests[1..] {
         assert!(get.contains("\r\nX-aws-ec2-metadata-token: SESSION-TOKEN\r\n"), "{get}");
     }
+}
+
+#[test]
+fn the_azure_attestor_prints_csr_1_asking_for_a_challenge_without_asking_imds() {
+    // Every request answered 500: phase 1 must make none.
+    let stand_in = MetadataStandIn::start(|_| http_answer("500 Internal Server Error", "", ""));
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("kubelet.key");
+    let provider_id = "azure:///subscriptions/8a205152-b25a-417f-a676-80465535a6c9/resourceGroups/capz-rg/providers/Microsoft.Compute/virtualMachines/worker-0";
+    let args = [
+        "--node-name",
+        "worker-0",
+        "--provider-id",
+        provider_id,
+        "--attestor",
+        "azure",
+        "--key-out",
+        key.to_str().unwrap(),
+    ];
+    let output = csr_with_env(
+        &args,
+        &[("AZURE_METADATA_ENDPOINT", &format!("http://{}/", stand_in.address))],
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(attestation::names::SIGNER_AZURE), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "this is CSR #1 of azure/v1: the signer answers it with a challenge in the annotation {}",
+            attestation::names::ANNOTATION_AZURE_CHALLENGE
+        )),
+        "{stderr}"
+    );
+    let envelope = RequestEnvelope::parse(&output.stdout).unwrap();
+    assert_eq!(
+        envelope.provider.as_ref().map(ToString::to_string).as_deref(),
+        Some("azure/v1")
+    );
+    let data = envelope.data.as_deref().unwrap();
+    assert_eq!(data, br#"{"phase":1}"#, "DATA is phase 1, nothing else");
+    assert_eq!(
+        attestation::azure::AzureData::parse(data).unwrap(),
+        attestation::azure::AzureData::phase_one()
+    );
+    let parsed = ParsedCsr::from_der(&envelope.csr_der).unwrap();
+    parsed.verify_signature().unwrap();
+    let extension = parsed.provider_id_extensions().next().unwrap();
+    assert_eq!(
+        ProviderId::from_extension_value(&extension.value).unwrap().as_str(),
+        provider_id
+    );
+    assert!(stand_in.requests().is_empty(), "{:?}", stand_in.requests());
+
+    // The setting is read all the same: a wrong one is said before anything is written.
+    std::fs::remove_file(&key).unwrap();
+    let output = csr_with_env(&args, &[("AZURE_METADATA_ENDPOINT", "https://169.254.169.254/")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("AZURE_METADATA_ENDPOINT \"https://169.254.169.254/\": not an http:// URL"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty());
+    assert!(!key.exists());
 }

@@ -416,6 +416,9 @@ enum Verdict {
     Deny(&'static str),
     /// Issued: a certificate for the CSR's key, subject and provider ID, signed by a test CA.
     Issue,
+    /// A CSR whose DATA is phase 1 gets the annotation (name, value) and stays pending, as a
+    /// two-phase provider's CSR #1 does; any other is issued.
+    Challenge(&'static str, &'static str),
 }
 
 /// One CSR filed with the fake apiserver.
@@ -426,6 +429,10 @@ struct Filed {
     /// Filed with a bearer token (the bootstrap kubeconfig's user); without one, the client
     /// authenticated with its certificate (a renewal as the node).
     bootstrap_token: bool,
+    /// `spec.signerName`.
+    signer: String,
+    /// `spec.request`: the envelope.
+    request: Vec<u8>,
 }
 
 /// A stand-in for the workload apiserver, plain HTTP on a loopback port: it takes CSRs and
@@ -467,18 +474,28 @@ impl FakeApiserver {
                     let name = format!("node-csr-fake-{}", csrs.len());
                     csr["metadata"] =
                         serde_json::json!({"name": name, "uid": format!("uid-{name}"), "resourceVersion": "1"});
+                    let request = envelope_of(&csr);
                     seen.lock().unwrap().push(Filed {
                         name,
                         bootstrap_token: bearer,
+                        signer: csr["spec"]["signerName"].as_str().unwrap_or_default().to_owned(),
+                        request: request.clone(),
                     });
                     let mut decided = csr.clone();
-                    decided["status"] = match *answer.lock().unwrap() {
-                        Verdict::Deny(reason) => serde_json::json!({"conditions": [{
+                    match *answer.lock().unwrap() {
+                        Verdict::Deny(reason) => {
+                            decided["status"] = serde_json::json!({"conditions": [{
                             "type": "Denied", "status": "True", "reason": reason,
                             "message": format!("fake apiserver says {reason}"),
-                            "lastUpdateTime": "2026-01-01T00:00:00Z"}]}),
-                        Verdict::Issue => serde_json::json!({"certificate": issue(&ca, &csr)}),
-                    };
+                            "lastUpdateTime": "2026-01-01T00:00:00Z"}]});
+                        }
+                        Verdict::Challenge(annotation, value) if phase(&request) == Some(1) => {
+                            decided["metadata"]["annotations"] = serde_json::json!({ annotation: value });
+                        }
+                        Verdict::Issue | Verdict::Challenge(..) => {
+                            decided["status"] = serde_json::json!({"certificate": issue(&ca, &csr)});
+                        }
+                    }
                     csrs.push(decided);
                     ("201 Created", csr)
                 } else if line.starts_with("GET ") && !line.contains("watch=") {
@@ -564,14 +581,39 @@ fn read_request(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
-/// A certificate for the filed CSR's key, as the signer would issue it (base64 of the PEM, as
-/// `status.certificate` travels).
+/// The envelope of a filed CSR (`spec.request`, base64 in JSON).
+fn envelope_of(csr: &Value) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(csr["spec"]["request"].as_str().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// The `phase` of an envelope's DATA block, for the two-phase providers.
+fn phase(envelope: &[u8]) -> Option<u64> {
+    let envelope = attestation::envelope::RequestEnvelope::parse(envelope).ok()?;
+    serde_json::from_slice::<Value>(envelope.data.as_deref()?).ok()?["phase"].as_u64()
+}
+
+/// A certificate for the filed CSR's key and provider ID, as the signer would issue it (base64
+/// of the PEM, as `status.certificate` travels).
 fn issue(ca: &tests::ca::TestCa, csr: &Value) -> String {
     use base64::Engine;
     use x509_parser::prelude::FromDer;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let request = b64.decode(csr["spec"]["request"].as_str().unwrap()).unwrap();
+    let request = envelope_of(csr);
     let envelope = attestation::envelope::RequestEnvelope::parse(&request).unwrap();
+    let provider_id = attestation::csr::ParsedCsr::from_der(&envelope.csr_der)
+        .unwrap()
+        .provider_id_extensions()
+        .next()
+        .map(|extension| {
+            attestation::identity::ProviderId::from_extension_value(&extension.value)
+                .unwrap()
+                .as_str()
+                .to_owned()
+        })
+        .unwrap_or_else(|| PID.to_owned());
     let (_, parsed) =
         x509_parser::certification_request::X509CertificationRequest::from_der(&envelope.csr_der).unwrap();
     let spki = rcgen::SubjectPublicKeyInfo::from_der(parsed.certification_request_info.subject_pki.raw).unwrap();
@@ -584,7 +626,7 @@ fn issue(ca: &tests::ca::TestCa, csr: &Value) -> String {
         .push(rcgen::DnType::CommonName, "system:node:worker-0");
     params.custom_extensions.push(rcgen::CustomExtension::from_oid_content(
         attestation::names::PROVIDER_ID_OID,
-        attestation::identity::ProviderId::new(PID)
+        attestation::identity::ProviderId::new(&provider_id)
             .unwrap()
             .to_extension_value(),
     ));
@@ -994,4 +1036,226 @@ fn a_renewal_finds_the_apiserver_in_the_exec_info_once_the_bootstrap_kubeconfig_
         due.trim(),
         "the renewed certificate is answered, not the due one"
     );
+}
+
+/// Azure's instance metadata service on loopback: the VM's resource ID, and attested documents
+/// signed by a synthetic Microsoft PKI (`tests::azure`) over the nonce each request asks with.
+struct AzureImdsStandIn {
+    address: String,
+    pki: std::sync::Arc<tests::azure::AzurePki>,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl AzureImdsStandIn {
+    fn start(resource_id: &'static str) -> Self {
+        let pki = std::sync::Arc::new(tests::azure::AzurePki::new(&[
+            "eastus.metadata.azure.com",
+            "metadata.azure.com",
+        ]));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (signer, recorded) = (pki.clone(), requests.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let Some((head, _)) = read_request(&mut stream) else {
+                    continue;
+                };
+                let target = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                let (status, body) = if target.starts_with("/metadata/instance/compute/resourceId?") {
+                    ("200 OK", resource_id.to_owned())
+                } else if let Some(query) = target.strip_prefix("/metadata/attested/document?") {
+                    let nonce = query
+                        .split('&')
+                        .find_map(|pair| pair.strip_prefix("nonce="))
+                        .unwrap_or_default();
+                    let statement = tests::azure::statement(
+                        nonce,
+                        tests::azure::VM_ID,
+                        tests::azure::SUBSCRIPTION,
+                        OffsetDateTime::now_utc(),
+                    );
+                    let document =
+                        serde_json::json!({"encoding": "pkcs7", "signature": signer.sign_base64(&statement)});
+                    ("200 OK", document.to_string())
+                } else {
+                    ("404 Not Found", String::new())
+                };
+                recorded.lock().unwrap().push(head);
+                let _ = std::io::Write::write_all(
+                    &mut stream,
+                    format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        });
+        Self { address, pki, requests }
+    }
+
+    /// The request lines.
+    fn lines(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|head| head.lines().next().unwrap_or_default().to_owned())
+            .collect()
+    }
+}
+
+/// The nonce of the fake signer's challenge (32 letters and digits, as the signer's are).
+const AZURE_NONCE: &str = "NonceOfTheFakeSignersChallenge01";
+
+#[test]
+fn azure_answers_the_challenge_on_csr_1_with_csr_2_and_finds_its_provider_id_at_imds() {
+    use attestation::azure::AzureData;
+    use attestation::envelope::RequestEnvelope;
+    use attestation::names::{ANNOTATION_AZURE_CHALLENGE, SIGNER_AZURE};
+
+    const RESOURCE_ID: &str = "/subscriptions/8a205152-b25a-417f-a676-80465535a6c9/resourceGroups/CAPZ-RG/providers/Microsoft.Compute/virtualMachines/worker-0";
+    let challenge =
+        format!(r#"{{"issuedAt":"2026-01-01T00:00:00Z","nonce":"{AZURE_NONCE}","mac":"bm90IGNoZWNrZWQ="}}"#);
+    let challenge: &'static str = Box::leak(challenge.into_boxed_str());
+    let dir = tempfile::tempdir().unwrap();
+    let cert_dir = dir.path().join("pki");
+    let api = FakeApiserver::start(dir.path(), Verdict::Challenge(ANNOTATION_AZURE_CHALLENGE, challenge));
+    let imds = AzureImdsStandIn::start(RESOURCE_ID);
+    // No --provider-id: the VM's, from IMDS.
+    let run = || {
+        Command::new(PLUGIN)
+            .args(["--bootstrap-kubeconfig", api.kubeconfig.to_str().unwrap()])
+            .args(["--cert-dir", cert_dir.to_str().unwrap()])
+            .args(["--node-name", "worker-0", "--timeout", "30s", "--attestor", "azure"])
+            .env("AZURE_METADATA_ENDPOINT", format!("http://{}/", imds.address))
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .env_remove("KUBELET_AUTHENTICATOR_PROVIDER_ID")
+            .env_remove("KUBELET_AUTHENTICATOR_PROVIDER_ID_FILE")
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let credential: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        credential["status"]["clientCertificateData"]
+            .as_str()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
+
+    // IMDS: the resource ID, then the document for the challenge's nonce; Metadata: true each.
+    assert_eq!(
+        imds.lines(),
+        [
+            "GET /metadata/instance/compute/resourceId?api-version=2021-02-01&format=text HTTP/1.1".to_owned(),
+            format!("GET /metadata/attested/document?api-version=2021-02-01&nonce={AZURE_NONCE} HTTP/1.1"),
+        ]
+    );
+    assert!(
+        imds.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|head| head.contains("\r\nMetadata: true\r\n"))
+    );
+
+    // Two CSRs to the azure signer, one key, the provider ID as CAPZ writes it.
+    let filed = api.filed();
+    assert_eq!(filed.len(), 2, "{filed:?}");
+    let expected_pid = tests::azure::provider_id("worker-0");
+    assert!(expected_pid.contains("/resourceGroups/capz-rg/"), "{expected_pid}");
+    let mut spkis = Vec::new();
+    for csr in &filed {
+        assert_eq!(csr.signer, SIGNER_AZURE);
+        assert!(csr.bootstrap_token);
+        let envelope = RequestEnvelope::parse(&csr.request).unwrap();
+        assert_eq!(envelope.provider.unwrap().to_string(), "azure/v1");
+        let parsed = attestation::csr::ParsedCsr::from_der(&envelope.csr_der).unwrap();
+        let extension = parsed.provider_id_extensions().next().unwrap();
+        assert_eq!(
+            attestation::identity::ProviderId::from_extension_value(&extension.value)
+                .unwrap()
+                .as_str(),
+            expected_pid
+        );
+        spkis.push(parsed.spki_der.clone());
+    }
+    assert_eq!(spkis[0], spkis[1], "CSR #2 has CSR #1's key");
+    let first = RequestEnvelope::parse(&filed[0].request).unwrap();
+    assert_eq!(first.data.as_deref().unwrap(), br#"{"phase":1}"#);
+    let second = RequestEnvelope::parse(&filed[1].request).unwrap();
+    let data = AzureData::parse(second.data.as_deref().unwrap()).unwrap();
+    assert_eq!(data.phase, 2);
+    let reference = data.challenge.as_ref().unwrap();
+    assert_eq!(
+        (reference.csr_name.as_str(), reference.csr_uid.as_str()),
+        ("node-csr-fake-0", "uid-node-csr-fake-0")
+    );
+    // The document as IMDS served it: it verifies, and answers the challenge's nonce.
+    let verifier = attestation::azure::AzureVerifier::new(
+        attestation::tpm::challenge_key::ChallengeKey::loaded(vec![7; 32]).unwrap(),
+        std::sync::Arc::new(tests::azure::Arm::default()),
+    )
+    .with_trust(imds.pki.trust());
+    let (document, _) = verifier
+        .verified_document(&data.pkcs7().unwrap(), OffsetDateTime::now_utc())
+        .unwrap();
+    assert_eq!(document.nonce, AZURE_NONCE);
+
+    // Answered from the cert dir now: no CSR, and no request to IMDS either.
+    let again = run();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(api.filed().len(), 2);
+    assert_eq!(imds.lines().len(), 2, "{:?}", imds.lines());
+}
+
+#[test]
+fn azure_without_imds_or_a_provider_id_says_where_it_looked() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = unreachable_kubeconfig(dir.path());
+    let cert_dir = dir.path().join("pki");
+    let run = || {
+        Command::new(PLUGIN)
+            .args(["--bootstrap-kubeconfig", bootstrap.to_str().unwrap()])
+            .args(["--cert-dir", cert_dir.to_str().unwrap()])
+            .args(["--node-name", "worker-0", "--attestor", "azure"])
+            .env("AZURE_METADATA_ENDPOINT", format!("http://127.0.0.1:{port}"))
+            .env_remove("KUBERNETES_EXEC_INFO")
+            .env_remove("KUBELET_AUTHENTICATOR_PROVIDER_ID")
+            .env_remove("KUBELET_AUTHENTICATOR_PROVIDER_ID_FILE")
+            .output()
+            .unwrap()
+    };
+    let why = format!(
+        "no --provider-id or --provider-id-file: --attestor azure reads the VM's from the Azure instance metadata service: attestation device unavailable: the Azure instance metadata service at http://127.0.0.1:{port} is unreachable: "
+    );
+    let out = run();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty());
+    assert!(stderr(&out).contains(&why), "{}", stderr(&out));
+
+    // With a certificate due for renewal and still valid: answered, as after a failed renewal.
+    let due = store_due_certificate(&cert_dir);
+    let out = run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let credential: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        credential["status"]["clientCertificateData"].as_str().unwrap().trim(),
+        due.trim()
+    );
+    assert!(
+        stderr(&out).contains("renewal failed, answering with the current certificate"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains(&why), "{}", stderr(&out));
 }
