@@ -376,3 +376,54 @@ fn the_control_plane_configuration_validates_and_matches_the_workers() {
         );
     }
 }
+
+#[test]
+fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_id_to_the_plugin() {
+    let schemas = schemas();
+    let reference = as_kubeadm_config(&yaml_documents("images/kubeadm/kubeadm-config-template.yaml").remove(0));
+    let kubelet_patch = |spec: &Value| {
+        spec["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"].as_str().unwrap().contains("kubeletconfiguration"))
+            .cloned()
+    };
+    let capz_name = "{{ ds.meta_data[\"local_hostname\"] }}";
+    let no_provider_id = |file: &str, spec: &Value, registration: &Value| {
+        assert!(
+            spec["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|f| f["path"] != "/etc/kubernetes/provider-id"),
+            "{file}: the plugin reads the provider ID from IMDS (the image's drop-in passes no file)"
+        );
+        let args = registration["kubeletExtraArgs"].as_array().unwrap();
+        assert!(args.iter().all(|a| a["name"] != "provider-id"), "{file}: the cloud node manager sets it");
+        assert!(
+            args.iter().any(|a| a["name"] == "cloud-provider" && a["value"] == "external"),
+            "{file}: CAPZ's external cloud provider"
+        );
+    };
+    let file = "images/kubeadm/kubeadm-config-template-azure.yaml";
+    let config = as_kubeadm_config(&yaml_documents(file).remove(0));
+    validate(&schemas, &config).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let registration = &config["spec"]["joinConfiguration"]["nodeRegistration"];
+    assert_eq!(registration["name"], capz_name, "{file}");
+    no_provider_id(file, &config["spec"], registration);
+    assert_eq!(kubelet_patch(&config["spec"]), kubelet_patch(&reference["spec"]), "{file}");
+
+    let file = "images/kubeadm/kubeadm-control-plane-azure.yaml";
+    let kcp = yaml_documents(file).remove(0);
+    assert_eq!(kcp["kind"], "KubeadmControlPlane", "{file}");
+    let spec = &kcp["spec"]["kubeadmConfigSpec"];
+    validate(&schemas, &as_control_plane_config(spec)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    assert_eq!(kubelet_patch(spec), kubelet_patch(&reference["spec"]), "{file}");
+    for phase in ["initConfiguration", "joinConfiguration"] {
+        let registration = &spec[phase]["nodeRegistration"];
+        assert_eq!(registration["name"], capz_name, "{file}: {phase}");
+        no_provider_id(file, spec, registration);
+        assert_eq!(spec[phase]["patches"]["directory"], "/etc/kubernetes/patches", "{file}: {phase}");
+    }
+}
