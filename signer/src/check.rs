@@ -87,22 +87,31 @@ pub struct CheckArgs {
     /// The `tpm/v1` flags, as the controller's.
     #[command(flatten)]
     pub tpm: crate::verifiers::TpmFlags,
-    /// `tpm/v1`: file holding the challenge key (the `key` of the signer's Secret). Without it
-    /// a random key is used: phase 1 shows the challenge it would issue, and phase 2 cannot
-    /// verify.
+    /// `tpm/v1` and `azure/v1`: file holding the challenge key (the `key` of the signer's
+    /// Secret). Without it a random key is used: phase 1 shows the challenge it would issue,
+    /// and phase 2 cannot verify.
     #[arg(long)]
     pub tpm_challenge_key: Option<PathBuf>,
     /// The cloud identity providers, as the controller's flags. Without `--gcp-jwks-file`
     /// Google's keys are fetched from `--gcp-jwks-url`; without `--aws-sts-response` the
     /// node's STS request is replayed to `--aws-sts-endpoint` (STS refuses a request older
-    /// than 15 minutes: judge an old one with a recorded answer).
+    /// than 15 minutes: judge an old one with a recorded answer); without `--azure-vm` the VM
+    /// is read from `--azure-arm-endpoint` with the Azure credentials of the environment (the
+    /// signer's variables).
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,
     /// `aws/v1`: a recorded STS `GetCallerIdentity` answer (its XML body) to judge the request
     /// with, instead of asking STS.
     #[arg(long)]
     pub aws_sts_response: Option<PathBuf>,
-    /// Make no call to Google or STS: a decision that needs one stays pending and says which.
+    /// `azure/v1`: Azure Resource Manager's answer for the VM, instead of asking ARM: the JSON
+    /// a GET of its resource ID returns (`az rest --method get --url
+    /// '<resource ID>?api-version=2024-07-01'`), whose `properties.vmId` the attested document
+    /// must carry, or what `az vm show` / `az vmss vm show` print (`vmId` at the top).
+    #[arg(long)]
+    pub azure_vm: Option<PathBuf>,
+    /// Make no call to Google, STS or Azure Resource Manager: a decision that needs one stays
+    /// pending and says which.
     #[arg(long)]
     pub offline: bool,
 }
@@ -113,6 +122,55 @@ struct RecordedSts(attestation::aws::StsAnswer);
 impl attestation::aws::CallerIdentity for RecordedSts {
     fn answer(&self, _call: &attestation::aws::StsCall) -> attestation::aws::StsAnswer {
         self.0.clone()
+    }
+}
+
+/// ARM's answer for a VM from a file (`--azure-vm`): its `vmId`, for the VM its `id` names (any
+/// VM when the file has no `id`).
+#[derive(Debug, PartialEq, Eq)]
+struct RecordedVm {
+    /// `id`, lower-cased (what [`attestation::azure::AzureVm::cache_key`] compares with).
+    id: Option<String>,
+    /// `properties.vmId`.
+    vm_id: String,
+}
+
+impl RecordedVm {
+    /// Reads `--azure-vm`: ARM's JSON (`properties.vmId`), or the Azure CLI's, which lifts
+    /// `vmId` to the top.
+    fn read(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).with_context(|| format!("cannot read --azure-vm {}", path.display()))?;
+        let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+        let cli_form = json
+            .as_ref()
+            .filter(|v| v.pointer("/properties/vmId").is_none())
+            .and_then(|v| v.get("vmId"))
+            .map(|vm_id| {
+                serde_json::json!({"properties": {"vmId": vm_id}})
+                    .to_string()
+                    .into_bytes()
+            });
+        let vm_id = attestation::azure::vms::vm_id_of(cli_form.as_deref().unwrap_or(&bytes))
+            .map_err(|e| anyhow::anyhow!("--azure-vm {}: {e}", path.display()))?;
+        let id = json.as_ref().and_then(|v| {
+            v.get("id")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_ascii_lowercase)
+        });
+        Ok(Self { id, vm_id })
+    }
+}
+
+impl attestation::azure::VirtualMachines for RecordedVm {
+    fn answer(&self, vm: &attestation::azure::AzureVm) -> attestation::azure::VmAnswer {
+        match &self.id {
+            Some(id) if *id != vm.cache_key() => attestation::azure::VmAnswer::Unavailable(format!(
+                "--azure-vm is ARM's answer for {id}, not for {vm}: give the VM the provider ID names"
+            )),
+            _ => attestation::azure::VmAnswer::Found {
+                vm_id: self.vm_id.clone(),
+            },
+        }
     }
 }
 
@@ -217,12 +275,17 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         }
         None => cloud.sts.clone(),
     };
+    let vms: std::sync::Arc<dyn attestation::azure::VirtualMachines> = match &args.azure_vm {
+        Some(path) => std::sync::Arc::new(RecordedVm::read(path)?),
+        None => cloud.arm.clone(),
+    };
     let verifiers = crate::verifiers::all(
         attestation::tpm::challenge_key::ChallengeKey::loaded(challenge_key.to_vec())?,
         &args.tpm.settings(),
         &args.cloud,
         cloud.google.clone(),
         sts,
+        vms,
     )?;
     let csr = load_csr(args, &inventory, &verifiers, &mut assumptions)?;
     let clock = Clock {
@@ -248,7 +311,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let mut decision = attestation::decide(&inputs)?;
     if !decision.cloud_calls.is_empty() {
         if args.offline {
-            assumptions.push("--offline: no call to Google or STS was made".into());
+            assumptions.push("--offline: no call to Google, STS or Azure Resource Manager was made".into());
         } else {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -376,4 +439,72 @@ fn render_text(report: &Report<'_>) -> String {
         out.push_str(pem);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use attestation::azure::{AzureVm, VirtualMachines, VmAnswer};
+
+    use super::*;
+
+    const VM_ID: &str = "b1310a36-d400-46f6-82cb-6217df846586";
+
+    fn vm(name: &str) -> AzureVm {
+        AzureVm::parse(&format!(
+            "azure:///subscriptions/8a205152-b25a-417f-a676-80465535a6c9/resourceGroups/capz-rg/providers/Microsoft.Compute/virtualMachines/{name}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn azure_vm_reads_arms_answer_or_the_clis_and_answers_for_its_vm_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = vm("worker-0");
+        // ARM's form, the resource group in ARM's case.
+        let arm = dir.path().join("arm.json");
+        let id = worker.resource_id().replace("capz-rg", "CAPZ-RG");
+        std::fs::write(
+            &arm,
+            serde_json::json!({"id": id, "name": "worker-0", "properties": {"vmId": VM_ID.to_uppercase()}}).to_string(),
+        )
+        .unwrap();
+        let recorded = RecordedVm::read(&arm).unwrap();
+        assert_eq!(recorded.vm_id, VM_ID);
+        assert_eq!(recorded.answer(&worker), VmAnswer::Found { vm_id: VM_ID.into() });
+        let VmAnswer::Unavailable(why) = recorded.answer(&vm("worker-1")) else {
+            panic!("another VM's answer is not taken")
+        };
+        assert!(why.contains("--azure-vm is ARM's answer for"), "{why}");
+        // The Azure CLI's form (`az vm show`), and an answer naming no VM.
+        let cli = dir.path().join("cli.json");
+        std::fs::write(
+            &cli,
+            serde_json::json!({"id": worker.resource_id(), "vmId": VM_ID, "provisioningState": "Succeeded"})
+                .to_string(),
+        )
+        .unwrap();
+        assert_eq!(
+            RecordedVm::read(&cli).unwrap().answer(&worker),
+            VmAnswer::Found { vm_id: VM_ID.into() }
+        );
+        let bare = dir.path().join("bare.json");
+        std::fs::write(&bare, serde_json::json!({"properties": {"vmId": VM_ID}}).to_string()).unwrap();
+        assert_eq!(
+            RecordedVm::read(&bare).unwrap().answer(&vm("any")),
+            VmAnswer::Found { vm_id: VM_ID.into() }
+        );
+        // Unusable files say which flag and why.
+        for (name, text, said) in [
+            ("not-json.json", "<html>", "ARM's answer is not JSON"),
+            ("no-vm-id.json", "{\"properties\": {}}", "no properties.vmId"),
+            ("not-guid.json", "{\"vmId\": \"../x\"}", "is not a GUID"),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            let error = format!("{:#}", RecordedVm::read(&path).unwrap_err());
+            assert!(error.starts_with("--azure-vm ") && error.contains(said), "{error}");
+        }
+        let error = format!("{:#}", RecordedVm::read(&dir.path().join("missing.json")).unwrap_err());
+        assert!(error.starts_with("cannot read --azure-vm"), "{error}");
+    }
 }

@@ -208,3 +208,194 @@ fn an_ec2_document_is_judged_with_stss_recorded_answer_and_the_arn_is_named() {
     assert_eq!(code, Some(1));
     assert!(report["message"].as_str().unwrap().contains("asking STS"), "{report}");
 }
+
+/// A CSR object as a `certificates.k8s.io/v1` manifest.
+fn csr_manifest(csr: &attestation::CsrObject) -> Value {
+    use base64::Engine as _;
+    serde_json::json!({
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {
+            "name": csr.name, "uid": csr.uid, "annotations": csr.annotations,
+            "creationTimestamp": csr.created.unwrap().format(&Rfc3339).unwrap(),
+        },
+        "spec": {
+            "request": base64::engine::general_purpose::STANDARD.encode(&csr.request),
+            "signerName": csr.signer_name, "usages": csr.usages,
+            "username": csr.username, "groups": csr.groups,
+        },
+    })
+}
+
+/// ARM's JSON for `provider_id`'s VM (as `az vm show` prints it).
+fn arm_vm(provider_id: &str, vm_id: &str) -> String {
+    let vm = attestation::azure::AzureVm::parse(provider_id).unwrap();
+    serde_json::json!({
+        "name": "worker-0", "id": vm.resource_id(), "location": "eastus", "type": "Microsoft.Compute/virtualMachines",
+        "properties": {"vmId": vm_id, "provisioningState": "Succeeded"},
+    })
+    .to_string()
+}
+
+#[test]
+fn an_azure_document_is_judged_with_arms_recorded_answer() {
+    use tests::azure;
+    let mut world = azure::World::new();
+    let key = azure::key();
+    let first = world.challenged(&key);
+    let imds = world.imds();
+    let (second, _) = world.answer(&key, &first, imds);
+    let pid = azure::provider_id(azure::NODE);
+
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: String| std::fs::write(dir.path().join(name), text).unwrap();
+    let yaml = |value: &Value| serde_yaml::to_string(value).unwrap();
+    write("machine.yaml", yaml(&capi::machine(azure::NODE, Some(&pid))));
+    write(
+        "config.yaml",
+        yaml(&capi::kubeadm_config("worker-0-kc", "abcdef", "v1beta2")),
+    );
+    write("cluster.yaml", yaml(&capi::cluster("azure")));
+    write("csr-1.yaml", yaml(&csr_manifest(&first)));
+    write("csr.yaml", yaml(&csr_manifest(&second)));
+    std::fs::write(dir.path().join("challenge.key"), &world.challenge_key).unwrap();
+    write("bundle.pem", world.pki.bundle_pem());
+    write("vm.json", arm_vm(&pid, azure::VM_ID));
+    write("other-vm.json", arm_vm(&pid, "0e5ac0b5-0000-4000-8000-000000000001"));
+    write("worker-1.json", arm_vm(&azure::provider_id("worker-1"), azure::VM_ID));
+    write("not-arm.json", "{\"properties\": {}}".into());
+    let now = world.now.format(&Rfc3339).unwrap();
+    let check = |extra: &[&str]| {
+        let out: Output = Command::new(env!("CARGO_BIN_EXE_node-attestation-signer"))
+            .arg("check")
+            .args([
+                "--csr",
+                "csr.yaml",
+                "--related-csr",
+                "csr-1.yaml",
+                "--machine",
+                "machine.yaml",
+            ])
+            .args([
+                "--cluster",
+                "cluster.yaml",
+                "--bootstrap-config",
+                "config.yaml",
+                "--output",
+                "json",
+            ])
+            .args([
+                "--tpm-challenge-key",
+                "challenge.key",
+                "--azure-ca-bundle",
+                "bundle.pem",
+            ])
+            .args(["--now", now.as_str()])
+            .args(extra)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (
+            out.status.code(),
+            report,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (code, report, stderr) = check(&["--azure-vm", "vm.json"]);
+    assert_eq!(code, Some(0), "{report}\n{stderr}");
+    assert_eq!(report["reason"], "AttestedAzureV1");
+    assert_eq!(
+        report["claim"]["record"]["instance"],
+        format!("azure:{}/{}", azure::SUBSCRIPTION, azure::VM_ID)
+    );
+
+    // ARM says the VM has another vmId: the document is another VM's.
+    let (code, report, _) = check(&["--azure-vm", "other-vm.json"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(report["reason"], "AttestationInvalid", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("the document is another VM's"),
+        "{report}"
+    );
+
+    // ARM's answer for another VM is not taken for this one's.
+    let (code, report, _) = check(&["--azure-vm", "worker-1.json"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(report["decision"], "Retry", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("--azure-vm is ARM's answer for"),
+        "{report}"
+    );
+
+    // Without ARM's answer and offline: pending, naming the call.
+    let (code, report, _) = check(&["--offline"]);
+    assert_eq!(code, Some(1));
+    assert_eq!(report["decision"], "Retry", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("asking Azure Resource Manager for the vmId"),
+        "{report}"
+    );
+    assert!(
+        report["assumptions"].to_string().contains("Azure Resource Manager"),
+        "{report}"
+    );
+
+    // A file that is not ARM's answer for a VM is unusable input.
+    let (code, _, stderr) = check(&["--azure-vm", "not-arm.json"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("--azure-vm not-arm.json: ARM's answer has no properties.vmId"),
+        "{stderr}"
+    );
+
+    // Without the synthetic PKI's bundle, Microsoft's: the chain is what fails.
+    let out = Command::new(env!("CARGO_BIN_EXE_node-attestation-signer"))
+        .arg("check")
+        .args([
+            "--csr",
+            "csr.yaml",
+            "--related-csr",
+            "csr-1.yaml",
+            "--machine",
+            "machine.yaml",
+        ])
+        .args([
+            "--cluster",
+            "cluster.yaml",
+            "--bootstrap-config",
+            "config.yaml",
+            "--output",
+            "json",
+        ])
+        .args([
+            "--tpm-challenge-key",
+            "challenge.key",
+            "--azure-vm",
+            "vm.json",
+            "--now",
+            now.as_str(),
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["reason"], "AttestationInvalid", "{report}");
+    assert!(
+        report["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not chain to the Azure CA bundle"),
+        "{report}"
+    );
+}

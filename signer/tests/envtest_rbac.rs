@@ -114,6 +114,7 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         attestation::names::SIGNER_TPM,
         attestation::names::SIGNER_GCP,
         attestation::names::SIGNER_AWS,
+        attestation::names::SIGNER_AZURE,
     ] {
         let name = format!("ours-{}", signer.rsplit('-').next().unwrap_or_default());
         file_csr(&env, &name, signer, &["digital signature", "client auth"], &request);

@@ -122,10 +122,11 @@ pub struct RunArgs {
         default_value = "node-attestation-signer-tpm-challenge"
     )]
     pub tpm_challenge_key_secret: String,
-    /// The cloud identity providers (`gcp/v1`, `aws/v1`).
+    /// The cloud identity providers (`gcp/v1`, `aws/v1`, `azure/v1`).
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,
-    /// `tpm/v1`: how long a challenge may go unanswered.
+    /// `tpm/v1` and `azure/v1`: how long a challenge may go unanswered (one TTL serves both
+    /// providers' challenges).
     #[arg(long, env = "SIGNER_TPM_CHALLENGE_TTL", default_value = "10m", value_parser = humantime::parse_duration)]
     pub tpm_challenge_ttl: std::time::Duration,
 }

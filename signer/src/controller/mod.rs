@@ -214,6 +214,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
         &args.cloud,
         cloud.google.clone(),
         cloud.sts.clone(),
+        cloud.arm.clone(),
     )?;
     let management = management::Management::start(client.clone(), args.namespace.clone()).await?;
     let reporter = Reporter {

@@ -10,9 +10,9 @@
 //!   Secrets.
 //!
 //! The decision is the rule engine's, on the same views and verifiers the controller uses, with
-//! the CSR's creation as its first sight. The `tpm/v1` challenge key is never read (whoever
-//! holds it can answer a challenge without the TPM): explain checks all a challenge can be
-//! checked for without it, and says what only the signer can check.
+//! the CSR's creation as its first sight. The challenge key of `tpm/v1` and `azure/v1` is never
+//! read (whoever holds it can answer a challenge without the TPM, or the VM): explain checks all
+//! a challenge can be checked for without it, and says what only the signer can check.
 
 pub mod gather;
 pub mod outside;
@@ -71,7 +71,8 @@ pub struct ExplainArgs {
     /// `outsideAttestation`, `joinTokens`, `notes`.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-    /// Make no call to Google or STS: a decision that needs one stays `Retry` and says which.
+    /// Make no call to Google, STS or Azure Resource Manager: a decision that needs one stays
+    /// `Retry` and says which.
     #[arg(long)]
     pub offline: bool,
     /// Timeout of each request.
@@ -166,24 +167,30 @@ fn check_arguments(args: &ExplainArgs) -> Result<Option<(String, String)>> {
     Ok(named)
 }
 
-async fn explain(args: &ExplainArgs) -> Result<()> {
-    let named = check_arguments(args)?;
-    // The local flags (files, durations) next, so that a bad one is said before any cluster is
-    // asked anything.
+/// The verifiers and the cloud of `args`, as the signer's, without the challenge key.
+fn judge(args: &ExplainArgs) -> Result<Judge> {
     let cloud = crate::cloud::Cloud::new(&args.cloud, args.request_timeout)?;
-    let judge = Judge {
+    Ok(Judge {
         verifiers: crate::verifiers::all(
             ChallengeKey::withheld(),
             &args.tpm.settings(),
             &args.cloud,
             cloud.google.clone(),
             cloud.sts.clone(),
+            cloud.arm.clone(),
         )?,
         cloud,
         offline: args.offline,
         max_age: time::Duration::try_from(args.csr_max_age).context("--csr-max-age is too large")?,
         now: OffsetDateTime::now_utc(),
-    };
+    })
+}
+
+async fn explain(args: &ExplainArgs) -> Result<()> {
+    let named = check_arguments(args)?;
+    // The local flags (files, durations) next, so that a bad one is said before any cluster is
+    // asked anything.
+    let judge = judge(args)?;
     let management = ManagementReader::connect(args.kubeconfig.as_deref(), args.request_timeout).await?;
     let (namespace, name) = match (named, &args.provider_id) {
         (Some(named), _) => named,
@@ -269,13 +276,13 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     };
     let decision = judge.decide(csr, &facts, &workload).await?;
     if !decision.cloud_calls.is_empty() {
-        notes.push("--offline: the decision waits for a call to Google or STS that was not made".into());
-    }
-    if csr.spec.signer_name == attestation::names::SIGNER_TPM {
         notes.push(
-            "explain never reads the tpm/v1 challenge key: whether a challenge annotation is the signer's, and CSR #2's answer, are the signer's to check"
+            "--offline: the decision waits for a call to Google, STS or Azure Resource Manager that was not made"
                 .into(),
         );
+    }
+    if let Some(note) = challenge_key_note(&csr.spec.signer_name) {
+        notes.push(note.into());
     }
     let summary = report::summary(csr, judge.now);
     let machine = report::judged_machine(&decision, &summary.requested, &facts.inventory, csr, &workload.csrs);
@@ -313,6 +320,19 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         OutputFormat::Text => print!("{}", report::render_explanation(&explanation)),
     }
     Ok(())
+}
+
+/// What explain, holding no challenge key, leaves to the signer for a CSR of `signer_name`.
+fn challenge_key_note(signer_name: &str) -> Option<&'static str> {
+    match signer_name {
+        attestation::names::SIGNER_TPM => Some(
+            "explain never reads the tpm/v1 challenge key: whether a challenge annotation is the signer's, and CSR #2's answer, are the signer's to check",
+        ),
+        attestation::names::SIGNER_AZURE => Some(
+            "explain never reads the azure/v1 challenge key: whether a challenge annotation is the signer's is the signer's to check; CSR #2's attested document, its nonce and Azure Resource Manager's vmId are checked here as the signer checks them",
+        ),
+        _ => None,
+    }
 }
 
 /// `--pending` as JSON (its fields are listed in `--output`'s help).
@@ -388,6 +408,8 @@ async fn pending(judge: &Judge, facts: &ClusterFacts, workload: &WorkloadFacts) 
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
+
+    use std::sync::Arc;
 
     use attestation::decision::{CsrKind, Outcome};
     use attestation::machine::ClusterView;
@@ -487,6 +509,140 @@ mod tests {
         let command = <ExplainArgs as clap::Args>::augment_args(clap::Command::new("explain"));
         let matches = command.try_get_matches_from(["explain"].iter().chain(extra)).unwrap();
         ExplainArgs::from_arg_matches(&matches).unwrap()
+    }
+
+    /// A CSR object as the workload cluster holds it.
+    fn manifest(csr: &attestation::CsrObject) -> CertificateSigningRequest {
+        use base64::Engine as _;
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+            "metadata": {
+                "name": csr.name, "uid": csr.uid, "annotations": csr.annotations,
+                "creationTimestamp": csr.created.unwrap().format(&time::format_description::well_known::Rfc3339).unwrap(),
+            },
+            "spec": {
+                "request": base64::engine::general_purpose::STANDARD.encode(&csr.request),
+                "signerName": csr.signer_name, "usages": csr.usages, "username": csr.username, "groups": csr.groups,
+            },
+        }))
+        .unwrap()
+    }
+
+    fn retry_message(decision: &Decision) -> &str {
+        match &decision.outcome {
+            Outcome::Retry { message } => message,
+            other => panic!("not Retry: {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pending_azure_challenge_is_explained_without_the_challenge_key() {
+        use ::tests::azure;
+        let mut world = azure::World::new();
+        let key = azure::key();
+        let first = world.challenged(&key);
+        let imds = world.imds();
+        let (second, _) = world.answer(&key, &first, imds);
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("azure");
+        std::fs::create_dir(&bundle).unwrap();
+        std::fs::write(bundle.join("synthetic.pem"), world.pki.bundle_pem()).unwrap();
+        let bundle = bundle.to_str().unwrap();
+        let mut judge = judge(&args(&[
+            "--pending",
+            "--cluster",
+            "team-a/prod",
+            "--offline",
+            "--azure-ca-bundle",
+            bundle,
+        ]))
+        .unwrap();
+        judge.now = world.now;
+        let facts = ClusterFacts {
+            cluster: ClusterView::from_object(&world.cluster).unwrap(),
+            inventory: attestation::machine::Inventory {
+                machines: world
+                    .machines
+                    .iter()
+                    .map(|m| attestation::machine::MachineView::from_object(m).unwrap().into())
+                    .collect(),
+                kubeadm_configs: vec![
+                    attestation::machine::KubeadmConfigView::from_object(&::tests::capi::kubeadm_config(
+                        "worker-0-kc",
+                        "abcdef",
+                        "v1beta2",
+                    ))
+                    .unwrap()
+                    .into(),
+                ],
+                ..Default::default()
+            },
+            unreadable: Vec::new(),
+            events: Vec::new(),
+        };
+        let csrs = vec![manifest(&first), manifest(&second)];
+        let workload = WorkloadFacts {
+            objects: csrs.iter().map(csr_object).collect(),
+            csrs,
+            nodes: Vec::new(),
+        };
+
+        // Phase 1: challenged, waiting for CSR #2; no new challenge written, the mac unchecked.
+        let decision = judge.decide(&workload.csrs[0], &facts, &workload).await.unwrap();
+        let message = retry_message(&decision);
+        assert!(
+            message.contains("waiting for CSR #2 with an attested document"),
+            "{message}"
+        );
+        assert!(message.contains("explain holds no challenge key"), "{message}");
+        assert!(
+            decision.annotations.is_empty(),
+            "explain writes no challenge: {decision:#?}"
+        );
+
+        // Phase 2, offline: the document verifies as far as it can; ARM was not asked.
+        let decision = judge.decide(&workload.csrs[1], &facts, &workload).await.unwrap();
+        assert!(
+            retry_message(&decision).contains("asking Azure Resource Manager for the vmId"),
+            "{decision:#?}"
+        );
+        assert!(matches!(
+            decision.cloud_calls.as_slice(),
+            [attestation::cloud::CloudCall::AzureVm(_)]
+        ));
+
+        // ARM answered (as the signer's cache holds it): only the challenge's mac is left.
+        let arm = Arc::new(azure::Arm::default());
+        arm.set(
+            &azure::provider_id(azure::NODE),
+            attestation::azure::VmAnswer::Found {
+                vm_id: azure::VM_ID.into(),
+            },
+        );
+        judge.verifiers = crate::verifiers::all(
+            ChallengeKey::withheld(),
+            &tpm_settings(),
+            &args(&["--pending", "--cluster", "a/b", "--azure-ca-bundle", bundle]).cloud,
+            judge.cloud.google.clone(),
+            judge.cloud.sts.clone(),
+            arm,
+        )
+        .unwrap();
+        let decision = judge.decide(&workload.csrs[1], &facts, &workload).await.unwrap();
+        let message = retry_message(&decision);
+        assert!(message.contains(&format!("vmId {}", azure::VM_ID)), "{message}");
+        assert!(message.contains("explain holds no challenge key"), "{message}");
+        assert!(challenge_key_note(attestation::names::SIGNER_AZURE).is_some());
+        assert!(challenge_key_note(attestation::names::SIGNER_TPM).is_some());
+        assert!(challenge_key_note(attestation::names::SIGNER_AWS).is_none());
+    }
+
+    fn tpm_settings() -> crate::verifiers::TpmSettings<'static> {
+        crate::verifiers::TpmSettings {
+            ek_ca_bundle: None,
+            trust_on_first_use: false,
+            challenge_ttl: std::time::Duration::from_secs(600),
+        }
     }
 
     #[test]

@@ -100,11 +100,14 @@ impl Worker {
             self.queue.push_after(name.to_owned(), UNLISTED_RETRY);
             return Answer::Idle;
         };
-        if csr.spec.signer_name == attestation::names::SIGNER_TPM
-            && let Err(failure) = self.shared.challenge_key.ensure().await
+        // tpm/v1 and azure/v1 challenge under the same key.
+        if matches!(
+            csr.spec.signer_name.as_str(),
+            attestation::names::SIGNER_TPM | attestation::names::SIGNER_AZURE
+        ) && let Err(failure) = self.shared.challenge_key.ensure().await
         {
             // The verifier holds the CSR (pending) until the key is there; the Cluster's owner
-            // hears why, once per KEY_WARNING_INTERVAL.
+            // hears why, once per KEY_WARNING_INTERVAL (the Event keeps its tpm/v1 name).
             let due = {
                 let mut warned = lock(&self.key_warned);
                 let due = warned.is_none_or(|at| at.elapsed() >= KEY_WARNING_INTERVAL);

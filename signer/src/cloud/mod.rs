@@ -1,9 +1,12 @@
-//! The signer's side of the cloud identity providers' I/O: Google's keys and STS's answers.
+//! The signer's side of the cloud identity providers' I/O: Google's keys, STS's answers and
+//! Azure Resource Manager's.
 //!
 //! The verifiers are pure: they look keys and answers up through
-//! [`attestation::gcp::GoogleKeys`] and [`attestation::aws::CallerIdentity`], implemented here
-//! over caches, and say which [`CloudCall`] they need when a cache cannot answer. The
-//! controller (and `check`) makes those calls through [`Cloud::make`] and decides again.
+//! [`attestation::gcp::GoogleKeys`], [`attestation::aws::CallerIdentity`] and
+//! [`attestation::azure::VirtualMachines`], implemented here over caches, and say which
+//! [`CloudCall`] they need when a cache cannot answer. The controller (and `check`) makes those
+//! calls through [`Cloud::make`] and decides again. All of them go through one client
+//! ([`http`]).
 //!
 //! - Google's keys: fetched from `--gcp-jwks-url` on first need, refreshed when their
 //!   `Cache-Control` lifetime ends and when a token names a key the set lacks (at most once a
@@ -14,6 +17,8 @@
 //!   `--cloud-attestation-max-age` (a CSR decided twice asks once); "could not ask" only for a
 //!   few seconds, so the CSR's next retry asks again. Headers are never logged: they carry a
 //!   session token and a signature.
+//! - Azure Resource Manager: the `vmId` of the VM a provider ID names, read with the signer's
+//!   own read-only Azure credentials ([`azure`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,17 +29,16 @@ use anyhow::{Context, Result};
 use attestation::aws::{CallerIdentity, RegionCertificates, StsAnswer, StsCall, StsEndpoints};
 use attestation::cloud::CloudCall;
 use attestation::gcp::{GoogleKeys, Jwks, KeyLookup};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use time::OffsetDateTime;
 
 use crate::locks::{lock, read, write};
+use http::{HttpClient, http_client, send};
 
-/// Longest answer read from Google or STS.
-const MAX_ANSWER_BYTES: usize = 256 * 1024;
+pub mod azure;
+pub mod http;
+
 /// Least time between two fetches of Google's keys after a success.
 const KEYS_MIN_INTERVAL: Duration = Duration::from_secs(60);
 /// Least time between two fetches after a failure.
@@ -69,9 +73,23 @@ pub struct CloudArgs {
     #[arg(long, env = "SIGNER_CLOUD_ATTESTATION_MAX_AGE", default_value = "10m", value_parser = humantime::parse_duration)]
     pub cloud_attestation_max_age: Duration,
     /// PEM certificates trusted for the cloud endpoints besides the public roots compiled in
-    /// (an egress proxy's CA, a private STS endpoint).
+    /// (an egress proxy's CA, a private STS or ARM endpoint).
     #[arg(long, env = "SIGNER_CLOUD_CA_BUNDLE")]
     pub cloud_ca_bundle: Option<PathBuf>,
+    /// `azure/v1`: the Microsoft and DigiCert CA certificates an attested document's leaf must
+    /// chain to (a PEM file, or a folder of `*.pem` files such as
+    /// config/components/azure-ca-bundle's); replaces the bundle built into the signer.
+    #[arg(long, env = "SIGNER_AZURE_CA_BUNDLE")]
+    pub azure_ca_bundle: Option<PathBuf>,
+    /// `azure/v1`: Azure Resource Manager, read for the vmId of the VM a provider ID names
+    /// (US Government: `https://management.usgovcloudapi.net`, China:
+    /// `https://management.chinacloudapi.cn`); its tokens are asked for `<endpoint>/.default`
+    /// with the credentials the Azure SDK's variables name: AZURE_FEDERATED_TOKEN_FILE
+    /// (workload identity), else AZURE_CLIENT_SECRET, each with AZURE_CLIENT_ID and
+    /// AZURE_TENANT_ID (and AZURE_AUTHORITY_HOST outside the public cloud), else the managed
+    /// identity (AZURE_CLIENT_ID: a user-assigned one).
+    #[arg(long, env = "SIGNER_AZURE_ARM_ENDPOINT", default_value = azure::DEFAULT_ARM_ENDPOINT)]
+    pub azure_arm_endpoint: String,
 }
 
 impl CloudArgs {
@@ -88,6 +106,11 @@ impl CloudArgs {
         }
     }
 
+    /// `--azure-arm-endpoint`, checked.
+    pub fn arm_endpoint(&self) -> Result<azure::ArmEndpoint> {
+        Ok(azure::ArmEndpoint::parse(&self.azure_arm_endpoint)?)
+    }
+
     /// `--aws-iid-certificates`, or the shipped set.
     pub fn region_certificates(&self) -> Result<RegionCertificates> {
         match &self.aws_iid_certificates {
@@ -100,79 +123,6 @@ impl CloudArgs {
             }
         }
     }
-}
-
-/// An HTTPS client for the cloud endpoints (plain HTTP too, for a test or a local endpoint).
-type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-fn http_client(ca_bundle: Option<&Path>, timeout: Duration) -> Result<HttpClient> {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Only fails when another thread installed one first, which is as good.
-        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    }
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(path) = ca_bundle {
-        let pem = std::fs::read(path).with_context(|| format!("cannot read --cloud-ca-bundle {}", path.display()))?;
-        let blocks =
-            pem::parse_many(&pem).with_context(|| format!("--cloud-ca-bundle {} is not PEM", path.display()))?;
-        for block in blocks.iter().filter(|b| b.tag() == "CERTIFICATE") {
-            roots
-                .add(rustls::pki_types::CertificateDer::from(block.contents().to_vec()))
-                .with_context(|| format!("--cloud-ca-bundle {}: a certificate is not usable", path.display()))?;
-        }
-    }
-    let tls = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_connect_timeout(Some(timeout));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new()).build(https))
-}
-
-/// An answer: status, `Cache-Control: max-age`, body.
-struct Answer {
-    status: u16,
-    max_age: Option<Duration>,
-    body: Vec<u8>,
-}
-
-async fn send(client: &HttpClient, request: hyper::Request<Full<Bytes>>, timeout: Duration) -> Result<Answer, String> {
-    let exchange = async {
-        let response = client.request(request).await.map_err(|e| format!("{e}"))?;
-        let status = response.status().as_u16();
-        let max_age = response
-            .headers()
-            .get(hyper::header::CACHE_CONTROL)
-            .and_then(|v| v.to_str().ok())
-            .and_then(cache_max_age);
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map_err(|e| format!("reading the answer: {e}"))?
-            .to_bytes()
-            .to_vec();
-        Ok(Answer { status, max_age, body })
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {}s", timeout.as_secs())))
-}
-
-/// `max-age=N` of a `Cache-Control` value.
-fn cache_max_age(value: &str) -> Option<Duration> {
-    value
-        .split(',')
-        .filter_map(|d| d.trim().strip_prefix("max-age="))
-        .find_map(|n| n.trim().parse::<u64>().ok())
-        .map(Duration::from_secs)
 }
 
 /// Where Google's keys come from.
@@ -363,20 +313,10 @@ impl StsAnswers {
     }
 }
 
-/// Keeps `answer` for `key`. A full map first forgets expired answers, then the oldest: the
-/// newest answer is always kept, since the decision that asked reads it next (dropping it
-/// would make that CSR ask again, and again, while thousands of fresh answers fill the map).
+/// Keeps `answer` for `key` ([`http::remember`]: a full map forgets expired answers, then the
+/// oldest, and always keeps the newest).
 fn remember(answers: &mut HashMap<[u8; 32], (StsAnswer, Instant)>, key: [u8; 32], answer: StsAnswer, keep: Duration) {
-    if answers.len() >= STS_MAX_ANSWERS {
-        answers.retain(|_, (answer, at)| at.elapsed() < lifetime(answer, keep));
-    }
-    while answers.len() >= STS_MAX_ANSWERS {
-        let Some(oldest) = answers.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k) else {
-            break;
-        };
-        answers.remove(&oldest);
-    }
-    answers.insert(key, (answer, Instant::now()));
+    http::remember(answers, key, answer, STS_MAX_ANSWERS, |answer| lifetime(answer, keep));
 }
 
 fn lifetime(answer: &StsAnswer, keep: Duration) -> Duration {
@@ -402,6 +342,8 @@ pub struct Cloud {
     pub google: Arc<GoogleKeyCache>,
     /// STS's answers.
     pub sts: Arc<StsAnswers>,
+    /// Azure Resource Manager's answers.
+    pub arm: Arc<azure::ArmAnswers>,
     client: HttpClient,
     timeout: Duration,
 }
@@ -413,13 +355,19 @@ impl Cloud {
             Some(path) => KeySource::File(path.clone()),
             None => KeySource::Url(args.gcp_jwks_url.clone()),
         };
+        let client = http_client(args.cloud_ca_bundle.as_deref(), timeout)?;
+        let transport = azure_core::http::Transport::new(Arc::new(azure::SdkTransport::new(client.clone(), timeout)));
         Ok(Self {
             google: Arc::new(GoogleKeyCache::new(source)?),
             sts: Arc::new(StsAnswers {
                 answers: Mutex::default(),
                 keep: args.cloud_attestation_max_age + Duration::from_secs(60),
             }),
-            client: http_client(args.cloud_ca_bundle.as_deref(), timeout)?,
+            arm: Arc::new(azure::ArmAnswers::new(
+                args.arm_endpoint()?,
+                azure::Credentials::from_environment(transport),
+            )),
+            client,
             timeout,
         })
     }
@@ -430,6 +378,7 @@ impl Cloud {
             match call {
                 CloudCall::RefreshGoogleKeys => self.google.refresh(&self.client, self.timeout).await,
                 CloudCall::CallerIdentity(sts) => self.sts.ask(&self.client, sts, self.timeout).await,
+                CloudCall::AzureVm(vm) => self.arm.ask(&self.client, vm, self.timeout).await,
                 // The controller's: it reads its challenge key Secret (workload::csr).
                 CloudCall::ReloadChallengeKey => {}
                 _ => {}
@@ -455,15 +404,6 @@ impl Cloud {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cache_control_max_age_is_read() {
-        assert_eq!(
-            cache_max_age("public, max-age=19817, must-revalidate, no-transform"),
-            Some(Duration::from_secs(19817))
-        );
-        assert_eq!(cache_max_age("no-cache"), None);
-    }
 
     #[test]
     fn a_full_answer_map_forgets_its_oldest_and_keeps_the_newest() {
