@@ -331,10 +331,16 @@ impl World {
         let (username, groups) = if self.as_node {
             (
                 format!("system:node:{NODE}"),
-                vec![attestation::names::GROUP_NODES.to_owned(), "system:authenticated".to_owned()],
+                vec![
+                    attestation::names::GROUP_NODES.to_owned(),
+                    "system:authenticated".to_owned(),
+                ],
             )
         } else {
-            ("system:bootstrap:abcdef".to_owned(), vec![GROUP_BOOTSTRAPPERS.to_owned()])
+            (
+                "system:bootstrap:abcdef".to_owned(),
+                vec![GROUP_BOOTSTRAPPERS.to_owned()],
+            )
         };
         CsrObject {
             name: format!("node-csr-{}", self.serial),
@@ -442,4 +448,77 @@ pub fn params(provider_id: &str) -> rcgen::CertificateParams {
 
 pub fn key() -> NodeKey {
     NodeKey::generate(KeyAlgorithm::EcdsaP256).unwrap()
+}
+
+/// A loopback Azure Instance Metadata Service for one VM: `GET /metadata/attested/document`
+/// (`?api-version=..&nonce=..`, header `Metadata: true`, else 400) signs the VM's statement
+/// with the nonce asked, created now; `GET /metadata/instance/compute/resourceId` (`format=text`)
+/// answers the VM's resource ID. The plugin reaches it through `AZURE_METADATA_ENDPOINT`.
+pub struct ImdsStandIn {
+    server: crate::cloud::Loop,
+    documents: Arc<std::sync::atomic::AtomicUsize>,
+    vm_id: Arc<Mutex<String>>,
+    created_offset: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl ImdsStandIn {
+    /// Starts it for the VM `resource_id` (as IMDS writes it) with `vm_id`, signing with `pki`.
+    pub fn start(pki: Arc<AzurePki>, resource_id: &str, vm_id: &str, subscription: &str) -> Self {
+        use std::sync::atomic::Ordering;
+        let documents = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let vm = Arc::new(Mutex::new(vm_id.to_owned()));
+        let created_offset = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let (d, v, c) = (documents.clone(), vm.clone(), created_offset.clone());
+        let (resource_id, subscription) = (resource_id.to_owned(), subscription.to_owned());
+        let server = crate::cloud::http_loop("azure-imds", move |request| {
+            use crate::cloud::Response;
+            if request.header("Metadata") != Some("true") {
+                return Response::text(400, "Required metadata header not specified");
+            }
+            match request.path.as_str() {
+                "/metadata/attested/document" => {
+                    let Some(nonce) = request.query("nonce") else {
+                        return Response::text(400, "nonce");
+                    };
+                    d.fetch_add(1, Ordering::SeqCst);
+                    let created = OffsetDateTime::now_utc() + Duration::seconds(c.load(Ordering::SeqCst));
+                    let vm_id = v.lock().unwrap().clone();
+                    let signature = pki.sign_base64(&statement(nonce, &vm_id, &subscription, created));
+                    Response::new(
+                        200,
+                        "application/json; charset=utf-8",
+                        json!({"encoding": "pkcs7", "signature": signature}).to_string(),
+                    )
+                }
+                "/metadata/instance/compute/resourceId" => Response::text(200, &resource_id),
+                _ => Response::text(404, "Not Found"),
+            }
+        });
+        Self {
+            server,
+            documents,
+            vm_id: vm,
+            created_offset,
+        }
+    }
+
+    /// `http://127.0.0.1:<port>`: the value for `AZURE_METADATA_ENDPOINT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.server.address)
+    }
+
+    /// Attested documents served so far.
+    pub fn documents(&self) -> usize {
+        self.documents.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Signs statements of another `vmId` from now on.
+    pub fn set_vm_id(&self, vm_id: &str) {
+        *self.vm_id.lock().unwrap() = vm_id.to_owned();
+    }
+
+    /// Signs statements created `seconds` from now (negative: in the past).
+    pub fn set_created_offset(&self, seconds: i64) {
+        self.created_offset.store(seconds, std::sync::atomic::Ordering::SeqCst);
+    }
 }

@@ -638,36 +638,37 @@ const ACCEPT_POLL: Duration = Duration::from_millis(2);
 
 /// A parsed request.
 #[derive(Debug, Clone, Default)]
-struct Request {
-    method: String,
-    path: String,
-    query: Vec<(String, String)>,
-    headers: Vec<(String, String)>,
+pub(crate) struct Request {
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) query: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
 }
 
 impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 
-    fn query(&self, name: &str) -> Option<&str> {
+    pub(crate) fn query(&self, name: &str) -> Option<&str> {
         self.query.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 }
 
 /// An answer.
 #[derive(Debug, Clone)]
-struct Response {
+pub(crate) struct Response {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
 }
 
 impl Response {
-    fn new(status: u16, content_type: &str, body: impl Into<Vec<u8>>) -> Self {
+    pub(crate) fn new(status: u16, content_type: &str, body: impl Into<Vec<u8>>) -> Self {
         Self {
             status,
             headers: vec![("Content-Type".into(), content_type.into())],
@@ -675,7 +676,7 @@ impl Response {
         }
     }
 
-    fn text(status: u16, body: &str) -> Self {
+    pub(crate) fn text(status: u16, body: &str) -> Self {
         Self::new(status, "text/plain; charset=utf-8", body)
     }
 
@@ -786,11 +787,12 @@ fn read_request(stream: &mut impl Read) -> Result<Request, (u16, String)> {
             .ok_or_else(|| bad(format!("a malformed header line {line:?}")))?;
         headers.push((name.trim().to_owned(), value.trim().to_owned()));
     }
-    let request = Request {
+    let mut request = Request {
         method: method.to_owned(),
         path: path.to_owned(),
         query,
         headers,
+        body: Vec::new(),
     };
     let length = match request.header("Content-Length") {
         None => 0,
@@ -801,16 +803,18 @@ fn read_request(stream: &mut impl Read) -> Result<Request, (u16, String)> {
     if length > MAX_BODY_BYTES {
         return Err((413, format!("a body of {length} bytes, over {MAX_BODY_BYTES}")));
     }
-    let mut have = buffer.len() - (head_end + 4);
-    while have < length {
+    let mut body = buffer[head_end + 4..].to_vec();
+    while body.len() < length {
         let read = stream
             .read(&mut chunk)
             .map_err(|e| bad(format!("reading the request body: {e}")))?;
         if read == 0 {
             return Err(bad("the connection closed inside the request body".into()));
         }
-        have += read;
+        body.extend_from_slice(&chunk[..read]);
     }
+    body.truncate(length);
+    request.body = body;
     Ok(request)
 }
 
@@ -830,7 +834,7 @@ fn write_response(stream: &mut impl Write, response: &Response) -> std::io::Resu
 
 /// Reads a request from `stream`, answers it with `handler` (or 400/413), and writes the
 /// answer.
-fn serve_one(stream: &mut (impl Read + Write), handler: &mut dyn FnMut(&Request) -> Response) {
+pub(crate) fn serve_one(stream: &mut (impl Read + Write), handler: &mut dyn FnMut(&Request) -> Response) {
     let response = match read_request(stream) {
         Ok(request) => handler(&request),
         Err((status, why)) => Response::text(status, &why),
@@ -841,14 +845,14 @@ fn serve_one(stream: &mut (impl Read + Write), handler: &mut dyn FnMut(&Request)
 
 /// An accept loop on 127.0.0.1:0 in a thread of its own, one connection at a time, stopped
 /// (and joined) on drop.
-struct Loop {
-    address: SocketAddr,
+pub(crate) struct Loop {
+    pub(crate) address: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Loop {
-    fn start(name: &str, mut connection: impl FnMut(TcpStream) + Send + 'static) -> Self {
+    pub(crate) fn start(name: &str, mut connection: impl FnMut(TcpStream) + Send + 'static) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
         listener.set_nonblocking(true).expect("a non-blocking listener");
         let address = listener.local_addr().expect("the listener's address");
@@ -890,7 +894,7 @@ impl Drop for Loop {
 }
 
 /// An HTTP loop: `handler` answers every request.
-fn http_loop(name: &str, mut handler: impl FnMut(&Request) -> Response + Send + 'static) -> Loop {
+pub(crate) fn http_loop(name: &str, mut handler: impl FnMut(&Request) -> Response + Send + 'static) -> Loop {
     Loop::start(name, move |mut stream| serve_one(&mut stream, &mut handler))
 }
 
@@ -1199,7 +1203,7 @@ impl std::fmt::Debug for JwksServer {
     }
 }
 
-fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
+pub(crate) fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
     let ca_key = rcgen::KeyPair::generate().expect("a CA key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     ca_params

@@ -70,7 +70,17 @@ fn openssl(dir: &Path, pkcs7: &[u8], bundle: &Path, at: OffsetDateTime) -> Optio
     let input = dir.join("document.der");
     std::fs::write(&input, pkcs7).unwrap();
     let out = Command::new("openssl")
-        .args(["cms", "-verify", "-inform", "DER", "-binary", "-purpose", "any", "-no-CApath", "-no-CAstore"])
+        .args([
+            "cms",
+            "-verify",
+            "-inform",
+            "DER",
+            "-binary",
+            "-purpose",
+            "any",
+            "-no-CApath",
+            "-no-CAstore",
+        ])
         .arg("-attime")
         .arg(at.unix_timestamp().to_string())
         .arg("-CAfile")
@@ -140,7 +150,11 @@ fn every_single_byte_change_of_a_real_document_is_never_accepted_where_openssl_r
             openssl_only += 1;
         }
         if a.is_some() && a != b {
-            disagreements.push(format!("byte {index}: signer {:?}, openssl {:?}", a.map(|c| c.len()), b.map(|c| c.len())));
+            disagreements.push(format!(
+                "byte {index}: signer {:?}, openssl {:?}",
+                a.map(|c| c.len()),
+                b.map(|c| c.len())
+            ));
         }
     }
     assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));

@@ -39,7 +39,10 @@ fn a_vm_joins_through_both_phases_and_its_claim_names_its_vm_id() {
         claim.record.instance.as_deref(),
         Some(format!("azure:{SUBSCRIPTION}/{VM_ID}").as_str())
     );
-    assert_eq!(decision.supersedes.as_ref().map(|s| s.uid.as_str()), Some(first.uid.as_str()));
+    assert_eq!(
+        decision.supersedes.as_ref().map(|s| s.uid.as_str()),
+        Some(first.uid.as_str())
+    );
 }
 
 #[test]
@@ -129,12 +132,16 @@ fn a_challenge_the_requester_wrote_itself_is_refused() {
     let forged = attestation::azure::challenge::AzureChallenge::issue(
         &[9; 32],
         &first.uid,
-        world.now.format(&time::format_description::well_known::Rfc3339).unwrap(),
+        world
+            .now
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap(),
         &[0; 32],
     );
-    first
-        .annotations
-        .insert(ANNOTATION_AZURE_CHALLENGE.into(), serde_json::to_string(&forged).unwrap());
+    first.annotations.insert(
+        ANNOTATION_AZURE_CHALLENGE.into(),
+        serde_json::to_string(&forged).unwrap(),
+    );
     world.csrs = vec![first.clone()];
     let (_, decision) = world.answer(&key, &first, world.imds());
     let (reason, message) = denied(&decision.outcome);
@@ -175,7 +182,11 @@ fn a_document_of_another_subscription_or_one_the_cluster_does_not_allow_is_refus
     assert!(message.contains("subscription"), "{message}");
 
     let mut world = World::new();
-    capi::annotate(&mut world.cluster, ANNOTATION_AZURE_SUBSCRIPTIONS, "00000000-0000-0000-0000-000000000000");
+    capi::annotate(
+        &mut world.cluster,
+        ANNOTATION_AZURE_SUBSCRIPTIONS,
+        "00000000-0000-0000-0000-000000000000",
+    );
     let key = tests::azure::key();
     let envelope = attestation::request::build_envelope(
         &tests::azure::params(&provider_id(NODE)),
@@ -201,10 +212,14 @@ fn arm_unreachable_waits_then_issues_and_a_vm_arm_does_not_know_is_refused() {
         matches!(asks.cloud_calls.as_slice(), [attestation::cloud::CloudCall::AzureVm(_)]),
         "{asks:#?}"
     );
-    world.arm.set(&provider_id(NODE), VmAnswer::Unavailable("connection refused".into()));
+    world
+        .arm
+        .set(&provider_id(NODE), VmAnswer::Unavailable("connection refused".into()));
     let (_, waits) = world.answer(&key, &first, world.imds());
     assert!(matches!(waits.outcome, Outcome::Retry { .. }), "transient: {waits:#?}");
-    world.arm.set(&provider_id(NODE), VmAnswer::Found { vm_id: VM_ID.into() });
+    world
+        .arm
+        .set(&provider_id(NODE), VmAnswer::Found { vm_id: VM_ID.into() });
     let (_, issued) = world.answer(&key, &first, world.imds());
     assert!(matches!(issued.outcome, Outcome::Approved { .. }), "{issued:#?}");
     world.arm.set(&provider_id(NODE), VmAnswer::Missing);
@@ -234,7 +249,11 @@ fn a_claimed_vm_renews_through_both_phases_only_as_its_own_instance() {
     // document is a neighbour's): refused, whatever ARM says today.
     let mut world = World::new();
     world.as_node = true;
-    capi::annotate(&mut world.machines[0], ANNOTATION_CLAIM, &claim("11111111-2222-3333-4444-555555555555"));
+    capi::annotate(
+        &mut world.machines[0],
+        ANNOTATION_CLAIM,
+        &claim("11111111-2222-3333-4444-555555555555"),
+    );
     let key = tests::azure::key();
     let first = world.challenged(&key);
     let (_, refused) = world.answer(&key, &first, world.imds());

@@ -400,9 +400,13 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
             "{file}: the plugin reads the provider ID from IMDS (the image's drop-in passes no file)"
         );
         let args = registration["kubeletExtraArgs"].as_array().unwrap();
-        assert!(args.iter().all(|a| a["name"] != "provider-id"), "{file}: the cloud node manager sets it");
         assert!(
-            args.iter().any(|a| a["name"] == "cloud-provider" && a["value"] == "external"),
+            args.iter().all(|a| a["name"] != "provider-id"),
+            "{file}: the cloud node manager sets it"
+        );
+        assert!(
+            args.iter()
+                .any(|a| a["name"] == "cloud-provider" && a["value"] == "external"),
             "{file}: CAPZ's external cloud provider"
         );
     };
@@ -412,7 +416,11 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
     let registration = &config["spec"]["joinConfiguration"]["nodeRegistration"];
     assert_eq!(registration["name"], capz_name, "{file}");
     no_provider_id(file, &config["spec"], registration);
-    assert_eq!(kubelet_patch(&config["spec"]), kubelet_patch(&reference["spec"]), "{file}");
+    assert_eq!(
+        kubelet_patch(&config["spec"]),
+        kubelet_patch(&reference["spec"]),
+        "{file}"
+    );
 
     let file = "images/kubeadm/kubeadm-control-plane-azure.yaml";
     let kcp = yaml_documents(file).remove(0);
@@ -424,6 +432,9 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
         let registration = &spec[phase]["nodeRegistration"];
         assert_eq!(registration["name"], capz_name, "{file}: {phase}");
         no_provider_id(file, spec, registration);
-        assert_eq!(spec[phase]["patches"]["directory"], "/etc/kubernetes/patches", "{file}: {phase}");
+        assert_eq!(
+            spec[phase]["patches"]["directory"], "/etc/kubernetes/patches",
+            "{file}: {phase}"
+        );
     }
 }
