@@ -247,14 +247,18 @@ impl AzureImds for Imds {
     }
 }
 
-/// ARM, as a table.
+/// ARM, as a table: each answer with when it was given (`None`: unknown).
 #[derive(Default)]
-pub struct Arm(pub Mutex<HashMap<String, VmAnswer>>);
+pub struct Arm(pub Mutex<HashMap<String, (VmAnswer, Option<OffsetDateTime>)>>);
 
 impl Arm {
     pub fn set(&self, provider_id: &str, answer: VmAnswer) {
+        self.set_at(provider_id, answer, None);
+    }
+
+    pub fn set_at(&self, provider_id: &str, answer: VmAnswer, asked_at: Option<OffsetDateTime>) {
         let vm = AzureVm::parse(provider_id).unwrap();
-        self.0.lock().unwrap().insert(vm.cache_key(), answer);
+        self.0.lock().unwrap().insert(vm.cache_key(), (answer, asked_at));
     }
 }
 
@@ -264,8 +268,12 @@ impl VirtualMachines for Arm {
             .lock()
             .unwrap()
             .get(&vm.cache_key())
-            .cloned()
+            .map(|(answer, _)| answer.clone())
             .unwrap_or(VmAnswer::NotAsked)
+    }
+
+    fn asked_at(&self, vm: &AzureVm) -> Option<OffsetDateTime> {
+        self.0.lock().unwrap().get(&vm.cache_key()).and_then(|(_, at)| *at)
     }
 }
 

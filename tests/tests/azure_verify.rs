@@ -60,6 +60,41 @@ fn a_scale_set_instance_joins_too() {
 }
 
 #[test]
+fn an_arm_answer_older_than_the_csr_is_asked_again_before_a_refusal() {
+    let mut world = World::new();
+    let key = key();
+    let first = world.challenged(&key);
+    // ARM said, before this CSR, that the name was another VM's (or none): asked again.
+    for stale in [
+        VmAnswer::Found {
+            vm_id: "11111111-2222-3333-4444-555555555555".into(),
+        },
+        VmAnswer::Missing,
+    ] {
+        world
+            .arm
+            .set_at(&provider_id(NODE), stale, Some(world.now - Duration::minutes(5)));
+        let (_, decision) = world.answer(&key, &first, world.imds());
+        assert!(matches!(decision.outcome, Outcome::Retry { .. }), "{decision:#?}");
+        assert!(
+            matches!(
+                decision.cloud_calls.as_slice(),
+                [attestation::cloud::CloudCall::AzureVm(_)]
+            ),
+            "{decision:#?}"
+        );
+    }
+    // ARM's answer of now says the VM is this one: issued.
+    world.arm.set_at(
+        &provider_id(NODE),
+        VmAnswer::Found { vm_id: VM_ID.into() },
+        Some(world.now),
+    );
+    let (_, issued) = world.answer(&key, &first, world.imds());
+    assert!(matches!(issued.outcome, Outcome::Approved { .. }), "{issued:#?}");
+}
+
+#[test]
 fn a_document_of_another_vm_is_refused() {
     let mut world = World::new();
     let key = key();

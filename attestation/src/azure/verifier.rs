@@ -239,10 +239,25 @@ impl AzureVerifier {
                 vm.subscription
             )));
         }
+        // A refusal rests on ARM's answer: one given before this CSR was first seen may be of a
+        // VM since replaced under the same name, so ARM is asked again before refusing.
+        let ask_again = |why: String| {
+            let stale = self.vms.asked_at(vm).is_some_and(|at| at < evidence.first_seen);
+            if stale {
+                Ok(Verification::NeedsCloud {
+                    call: CloudCall::AzureVm(vm.clone()),
+                    message: format!(
+                        "azure/v1: {why}; asking Azure Resource Manager again (its answer predates this CSR)"
+                    ),
+                })
+            } else {
+                Err(invalid(why))
+            }
+        };
         let vm_id = match self.vms.answer(vm) {
             VmAnswer::Found { vm_id } => vm_id,
             VmAnswer::Missing => {
-                return Err(invalid(format!("Azure Resource Manager says {vm} does not exist")));
+                return ask_again(format!("Azure Resource Manager says {vm} does not exist"));
             }
             VmAnswer::Unavailable(why) => {
                 return Ok(Verification::Pending {
@@ -257,10 +272,10 @@ impl AzureVerifier {
             }
         };
         if !vm_id.eq_ignore_ascii_case(&document.vm_id) {
-            return Err(invalid(format!(
+            return ask_again(format!(
                 "the attested document is of vmId {}, but {vm} has vmId {vm_id} (Azure Resource Manager): the document is another VM's",
                 crate::identity::truncate(&document.vm_id, 48)
-            )));
+            ));
         }
         if keys.is_none() {
             return Ok(Verification::Pending {

@@ -27,6 +27,12 @@ pub enum VmAnswer {
 pub trait VirtualMachines: Send + Sync {
     /// What ARM said of `vm`.
     fn answer(&self, vm: &AzureVm) -> VmAnswer;
+
+    /// When ARM said it, if the holder knows: a refusal on an answer older than the CSR (a VM
+    /// deleted and created again under the same name since, say) asks ARM again first.
+    fn asked_at(&self, _vm: &AzureVm) -> Option<time::OffsetDateTime> {
+        None
+    }
 }
 
 /// Reads `properties.vmId` from ARM's JSON for a VM or scale-set VM (`GET` of its resource ID).

@@ -565,6 +565,13 @@ impl VirtualMachines for ArmAnswers {
             _ => VmAnswer::NotAsked,
         }
     }
+
+    fn asked_at(&self, vm: &AzureVm) -> Option<time::OffsetDateTime> {
+        let answers = lock(&self.answers);
+        let (_, at) = answers.get(&vm.cache_key())?;
+        let age = time::Duration::try_from(at.elapsed()).ok()?;
+        Some(time::OffsetDateTime::now_utc() - age)
+    }
 }
 
 #[cfg(test)]
