@@ -530,3 +530,163 @@ impl ImdsStandIn {
         self.created_offset.store(seconds, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// ARM's state in [`ArmStandIn`].
+struct ArmState {
+    vms: HashMap<String, String>,
+    down: bool,
+    lookups: usize,
+    tokens: usize,
+    refused: usize,
+}
+
+/// A loopback Entra ID token endpoint and Azure Resource Manager on one HTTPS server (its CA
+/// for the signer's `--cloud-ca-bundle`): `POST /<tenant>/oauth2/v2.0/token` grants
+/// [`ArmStandIn::TOKEN`] to the client-credentials grant of [`ArmStandIn::CLIENT_ID`] with
+/// [`ArmStandIn::CLIENT_SECRET`] (else 401 `invalid_client`); `GET <VM resource ID>` answers
+/// `properties.vmId` only with that bearer token (else 401), ARM's 404 error for an unknown VM,
+/// and 503 while down.
+pub struct ArmStandIn {
+    server: crate::cloud::Loop,
+    ca_pem: String,
+    state: Arc<Mutex<ArmState>>,
+}
+
+impl ArmStandIn {
+    pub const TENANT: &'static str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
+    pub const CLIENT_ID: &'static str = "0d1f3e6c-5d4e-4c2b-9a8f-1e2d3c4b5a69";
+    pub const CLIENT_SECRET: &'static str = "synthetic-client-secret";
+    pub const TOKEN: &'static str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJub25lIn0.synthetic-arm-token";
+
+    pub fn start() -> Self {
+        let (config, ca_pem) = crate::cloud::tls_config();
+        let state = Arc::new(Mutex::new(ArmState {
+            vms: HashMap::new(),
+            down: false,
+            lookups: 0,
+            tokens: 0,
+            refused: 0,
+        }));
+        let shared = state.clone();
+        let mut handler = move |request: &crate::cloud::Request| {
+            use crate::cloud::Response;
+            let mut state = shared.lock().unwrap();
+            if request.method == "POST" && request.path == format!("/{}/oauth2/v2.0/token", Self::TENANT) {
+                let form: HashMap<String, String> = String::from_utf8_lossy(&request.body)
+                    .split('&')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(k, v)| {
+                        (
+                            k.to_owned(),
+                            crate::cloud::percent_decode(&v.replace('+', " ")).unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                let ok = form.get("grant_type").map(String::as_str) == Some("client_credentials")
+                    && form.get("client_id").map(String::as_str) == Some(Self::CLIENT_ID)
+                    && form.get("client_secret").map(String::as_str) == Some(Self::CLIENT_SECRET);
+                if !ok {
+                    state.refused += 1;
+                    return Response::new(
+                        401,
+                        "application/json",
+                        json!({"error": "invalid_client", "error_description": "AADSTS7000215: Invalid client secret provided."}).to_string(),
+                    );
+                }
+                state.tokens += 1;
+                return Response::new(
+                    200,
+                    "application/json",
+                    json!({"token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": Self::TOKEN}).to_string(),
+                );
+            }
+            if request.method != "GET" || !request.path.starts_with("/subscriptions/") {
+                return Response::text(404, "Not Found");
+            }
+            if request.header("Authorization") != Some(&format!("Bearer {}", Self::TOKEN)) {
+                state.refused += 1;
+                return Response::new(
+                    401,
+                    "application/json",
+                    json!({"error": {"code": "InvalidAuthenticationToken", "message": "The access token is invalid."}})
+                        .to_string(),
+                );
+            }
+            state.lookups += 1;
+            if state.down {
+                return Response::text(503, "Service Unavailable");
+            }
+            match state.vms.get(&request.path.to_ascii_lowercase()) {
+                Some(vm_id) => Response::new(
+                    200,
+                    "application/json; charset=utf-8",
+                    json!({"name": request.path.rsplit('/').next(), "id": request.path,
+                           "properties": {"vmId": vm_id, "provisioningState": "Succeeded"}})
+                    .to_string(),
+                ),
+                None => Response::new(
+                    404,
+                    "application/json; charset=utf-8",
+                    json!({"error": {"code": "ResourceNotFound", "message": format!("The Resource '{}' was not found.", request.path)}})
+                        .to_string(),
+                ),
+            }
+        };
+        let server = crate::cloud::Loop::start("azure-arm-https", move |tcp| {
+            use std::io::Write as _;
+            let Ok(connection) = rustls::ServerConnection::new(config.clone()) else {
+                return;
+            };
+            let mut tls = rustls::StreamOwned::new(connection, tcp);
+            crate::cloud::serve_one(&mut tls, &mut handler);
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+        });
+        Self { server, ca_pem, state }
+    }
+
+    /// `https://127.0.0.1:<port>`: `--azure-arm-endpoint` and `AZURE_AUTHORITY_HOST` both.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.server.address)
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.ca_pem.clone()
+    }
+
+    /// The VM a provider ID names exists with `vm_id`.
+    pub fn add_vm(&self, provider_id: &str, vm_id: &str) {
+        let vm = AzureVm::parse(provider_id).unwrap();
+        self.state.lock().unwrap().vms.insert(vm.cache_key(), vm_id.to_owned());
+    }
+
+    /// ARM answers 503 while `down`.
+    pub fn set_down(&self, down: bool) {
+        self.state.lock().unwrap().down = down;
+    }
+
+    /// VM reads that carried the token.
+    pub fn lookups(&self) -> usize {
+        self.state.lock().unwrap().lookups
+    }
+
+    /// Tokens granted.
+    pub fn tokens(&self) -> usize {
+        self.state.lock().unwrap().tokens
+    }
+
+    /// Requests refused for their credentials.
+    pub fn refused(&self) -> usize {
+        self.state.lock().unwrap().refused
+    }
+
+    /// The signer's environment for the client-secret credential against this stand-in.
+    pub fn signer_env(&self) -> Vec<(String, String)> {
+        vec![
+            ("AZURE_TENANT_ID".into(), Self::TENANT.into()),
+            ("AZURE_CLIENT_ID".into(), Self::CLIENT_ID.into()),
+            ("AZURE_CLIENT_SECRET".into(), Self::CLIENT_SECRET.into()),
+            ("AZURE_AUTHORITY_HOST".into(), self.url()),
+        ]
+    }
+}

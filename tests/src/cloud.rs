@@ -712,7 +712,7 @@ pub fn percent_encode(text: &str) -> String {
 }
 
 /// `%XX` decoding; `+` is a space, as in a form-encoded query.
-fn percent_decode(text: &str) -> Result<String, String> {
+pub(crate) fn percent_decode(text: &str) -> Result<String, String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

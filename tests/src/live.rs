@@ -418,6 +418,8 @@ pub async fn wait_final(admin: &Client, name: &str, approved_is_final: bool, tim
 pub struct Signer {
     binary: PathBuf,
     args: Vec<String>,
+    /// Added to the process's environment.
+    env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
     /// `http://127.0.0.1:<port>/metrics`
@@ -467,6 +469,28 @@ impl Signer {
     /// Starts the signer with `kubeconfig` as its management identity and `tuning` then `extra`
     /// as flags (`tuning` empty: every flag at its default unless `extra` sets it).
     pub fn spawn_with(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {
+        let mut signer = Self::prepared(binary, management, kubeconfig, tuning, extra);
+        signer.restart();
+        signer
+    }
+
+    /// [`Signer::start`] with `env` added to the process's environment (a cloud's credentials).
+    pub async fn start_with_env(
+        binary: &Path,
+        management: &Envtest,
+        extra: &[&str],
+        env: Vec<(String, String)>,
+    ) -> Self {
+        let kubeconfig = Self::management_identity(management).await;
+        let tuning = ["--resync-period", "2s", "--secret-resync-period", "2s"];
+        let mut signer = Self::prepared(binary, management, &kubeconfig, &tuning, extra);
+        signer.env = env;
+        signer.restart();
+        signer
+    }
+
+    /// The process's command line, not started.
+    fn prepared(binary: &Path, management: &Envtest, kubeconfig: &Path, tuning: &[&str], extra: &[&str]) -> Self {
         let (metrics, health) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "run".into(),
@@ -478,15 +502,14 @@ impl Signer {
             format!("127.0.0.1:{health}"),
         ];
         args.extend(tuning.iter().chain(extra).map(ToString::to_string));
-        let mut signer = Self {
+        Self {
             binary: binary.to_owned(),
             args,
+            env: Vec::new(),
             child: None,
             log: management.dir().join("signer.log"),
             metrics_url: format!("http://127.0.0.1:{metrics}/metrics"),
-        };
-        signer.restart();
-        signer
+        }
     }
 
     /// (Re)starts the process; its log is appended to.
@@ -499,6 +522,7 @@ impl Signer {
             .expect("signer log");
         let child = Command::new(&self.binary)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env(
                 "RUST_LOG",
                 std::env::var("SIGNER_LOG").unwrap_or_else(|_| "info".into()),
