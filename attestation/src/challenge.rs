@@ -11,7 +11,7 @@ use crate::cloud::CloudCall;
 use crate::csr::ParsedCsr;
 use crate::csr_object::CsrObject;
 use crate::decision::DenyReason;
-use crate::tpm::challenge_key::Keys;
+use crate::tpm::challenge_key::{ChallengeKey, Keys};
 
 /// How far in the future an `issuedAt` may lie (replicas' clocks differ a little).
 pub(crate) const CLOCK_SKEW: Duration = Duration::seconds(60);
@@ -60,6 +60,19 @@ impl Unverified {
                 "the challenge annotation's mac does not verify: this signer did not write it (forged by the requester?); file a new CSR #1",
             )),
         }
+    }
+}
+
+/// The keys a verifier of `provider` judges with: `Ok(None)` when withheld on purpose
+/// (`explain`: everything but the mac is checked); while the signer has not loaded its key yet,
+/// why the CSR waits.
+pub(crate) fn held_keys(key: &ChallengeKey, provider: &str) -> Result<Option<Keys>, String> {
+    match key.keys() {
+        Some(keys) => Ok(Some(keys)),
+        None if key.is_withheld() => Ok(None),
+        None => Err(format!(
+            "the signer has not loaded its challenge key yet, which {provider} needs (see the signer's log and the Cluster's Events)"
+        )),
     }
 }
 

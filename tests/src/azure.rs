@@ -10,17 +10,16 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use attestation::CsrObject;
 use attestation::attestor::{AttestError, ChallengeAnswer, Verifiers};
 use attestation::azure::attestor::{AzureAttestor, AzureImds};
 use attestation::azure::{AzureVerifier, AzureVm, MicrosoftTrust, VirtualMachines, VmAnswer};
 use attestation::decision::{Decision, Outcome};
 use attestation::envelope::RequestEnvelope;
 use attestation::identity::{NodeName, ProviderId};
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
 use attestation::names::{ANNOTATION_AZURE_CHALLENGE, GROUP_BOOTSTRAPPERS, SIGNER_AZURE, usage};
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 use attestation::tpm::challenge_key::ChallengeKey;
-use attestation::{Clock, CsrObject, Inputs, decide};
 use aws_lc_rs::encoding::AsDer as _;
 use base64::Engine as _;
 use rasn::types::{Any, OctetString, SetOf};
@@ -368,40 +367,14 @@ impl World {
     }
 
     pub fn decide_with(&self, csr: &CsrObject, verifier: AzureVerifier) -> Decision {
-        let cluster = ClusterView::from_object(&self.cluster).unwrap();
-        let inventory = Inventory {
-            machines: self
-                .machines
-                .iter()
-                .map(|m| MachineView::from_object(m).unwrap().into())
-                .collect(),
-            kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
-                .iter()
-                .zip(["abcdef", "ghijkl"])
-                .map(|(name, token)| {
-                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2"))
-                        .unwrap()
-                        .into()
-                })
-                .collect(),
-            ..Inventory::default()
-        };
-        let verifiers = Verifiers::new().with(verifier);
-        let nodes: Vec<attestation::machine::NodeView> = Vec::new();
-        decide(&Inputs {
+        capi::decide_among(
             csr,
-            cluster: &cluster,
-            inventory: &inventory,
-            nodes: &nodes,
-            csrs: &self.csrs,
-            verifiers: &verifiers,
-            clock: Clock {
-                now: self.now,
-                first_seen: self.now,
-                max_age: Duration::minutes(15),
-            },
-        })
-        .unwrap()
+            &self.cluster,
+            &self.machines,
+            &self.csrs,
+            Verifiers::new().with(verifier),
+            self.now,
+        )
     }
 
     /// CSR #1 for `key` and worker-0's provider ID, challenged; it is now in the cluster with

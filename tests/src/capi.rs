@@ -113,3 +113,50 @@ pub fn node(name: &str, provider_id: Option<&str>) -> Value {
     }
     node
 }
+
+/// The rule engine's decision on `csr` in `cluster` with `machines` (worker-0 and worker-1, whose
+/// KubeadmConfigs `worker-0-kc` and `worker-1-kc` name tokens `abcdef` and `ghijkl`), the other
+/// CSRs `csrs`, no Nodes, `verifiers`, at `now` (first seen then): the two-phase providers'
+/// worlds (`tpm_world`, `azure`).
+pub fn decide_among(
+    csr: &attestation::CsrObject,
+    cluster: &Value,
+    machines: &[Value],
+    csrs: &dyn attestation::CsrDirectory,
+    verifiers: attestation::attestor::Verifiers,
+    now: time::OffsetDateTime,
+) -> attestation::Decision {
+    use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
+    let cluster = ClusterView::from_object(cluster).expect("a Cluster");
+    let inventory = Inventory {
+        machines: machines
+            .iter()
+            .map(|m| MachineView::from_object(m).expect("a Machine").into())
+            .collect(),
+        kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
+            .iter()
+            .zip(["abcdef", "ghijkl"])
+            .map(|(name, token)| {
+                KubeadmConfigView::from_object(&kubeadm_config(name, token, "v1beta2"))
+                    .expect("a KubeadmConfig")
+                    .into()
+            })
+            .collect(),
+        ..Inventory::default()
+    };
+    let nodes: Vec<attestation::machine::NodeView> = Vec::new();
+    attestation::decide(&attestation::Inputs {
+        csr,
+        cluster: &cluster,
+        inventory: &inventory,
+        nodes: &nodes,
+        csrs,
+        verifiers: &verifiers,
+        clock: attestation::Clock {
+            now,
+            first_seen: now,
+            max_age: time::Duration::minutes(15),
+        },
+    })
+    .expect("a kubelet client CSR")
+}

@@ -4,20 +4,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::new_without_default, missing_docs)]
 
+use attestation::CsrObject;
 use attestation::attestor::ChallengeAnswer;
 use attestation::decision::{Decision, Outcome};
 use attestation::envelope::RequestEnvelope;
 use attestation::identity::{NodeName, ProviderId};
-use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
 use attestation::names::{ANNOTATION_CLAIM, ANNOTATION_TPM_CHALLENGE, GROUP_BOOTSTRAPPERS, SIGNER_TPM, usage};
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 use attestation::tpm::TpmVerifier;
 use attestation::tpm::attestor::TpmAttestor;
 use attestation::tpm::challenge_key::ChallengeKey;
 use attestation::tpm::ek::EkTrust;
-use attestation::{Clock, CsrObject, Inputs, decide};
 use serde_json::{Value, json};
-use time::{Duration, OffsetDateTime};
+use time::OffsetDateTime;
 
 use crate::capi;
 use crate::swtpm::localca_bundle;
@@ -95,40 +94,14 @@ impl World {
     /// The decision of a signer configured as `verifier` (explain's, with the challenge key
     /// withheld, for one).
     pub fn decide_with(&self, csr: &CsrObject, verifier: TpmVerifier) -> Decision {
-        let cluster = ClusterView::from_object(&capi::cluster("tpm")).unwrap();
-        let inventory = Inventory {
-            machines: self
-                .machines
-                .iter()
-                .map(|m| MachineView::from_object(m).unwrap().into())
-                .collect(),
-            kubeadm_configs: ["worker-0-kc", "worker-1-kc"]
-                .iter()
-                .zip(["abcdef", "ghijkl"])
-                .map(|(name, token)| {
-                    KubeadmConfigView::from_object(&capi::kubeadm_config(name, token, "v1beta2"))
-                        .unwrap()
-                        .into()
-                })
-                .collect(),
-            ..Inventory::default()
-        };
-        let verifiers = attestation::attestor::Verifiers::new().with(verifier);
-        let nodes: Vec<attestation::machine::NodeView> = Vec::new();
-        decide(&Inputs {
+        capi::decide_among(
             csr,
-            cluster: &cluster,
-            inventory: &inventory,
-            nodes: &nodes,
-            csrs: &self.csrs,
-            verifiers: &verifiers,
-            clock: Clock {
-                now: self.now,
-                first_seen: self.now,
-                max_age: Duration::minutes(15),
-            },
-        })
-        .unwrap()
+            &capi::cluster("tpm"),
+            &self.machines,
+            &self.csrs,
+            attestation::attestor::Verifiers::new().with(verifier),
+            self.now,
+        )
     }
 
     /// Phase 1 for `key`: the CSR, and the decision on it.

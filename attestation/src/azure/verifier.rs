@@ -23,7 +23,7 @@ use super::vms::{VirtualMachines, VmAnswer};
 use super::{AzureData, PROVIDER};
 use crate::attestor::{Evidence, Verification, Verifier};
 use crate::challenge::{
-    CLOCK_SKEW, Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr, same_request,
+    CLOCK_SKEW, Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr, held_keys, same_request,
 };
 use crate::cloud::pkcs7::{Profile, SignedStatement};
 use crate::cloud::{CloudCall, allow_list};
@@ -337,15 +337,9 @@ impl Verifier for AzureVerifier {
     }
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
-        let keys = match self.challenge_key.keys() {
-            Some(keys) => Some(keys),
-            None if self.challenge_key.is_withheld() => None,
-            None => {
-                return Verification::Pending {
-                    message: "the signer has not loaded its challenge key yet (see the signer's log and the Cluster's Events)"
-                        .into(),
-                };
-            }
+        let keys = match held_keys(&self.challenge_key, "azure/v1") {
+            Ok(keys) => keys,
+            Err(message) => return Verification::Pending { message },
         };
         self.judge(keys.as_ref(), evidence)
             .unwrap_or_else(|(reason, message)| Verification::Failed { reason, message })

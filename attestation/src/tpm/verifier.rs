@@ -19,7 +19,9 @@ use super::ek::EkTrust;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
 use crate::attestor::{Evidence, Verification, Verifier};
-use crate::challenge::{Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr, same_request};
+use crate::challenge::{
+    Refusal, UNCHECKED_MAC, Unverified, challenge_failed, check_age, first_csr, held_keys, same_request,
+};
 use crate::csr::ParsedCsr;
 use crate::csr_object::CsrRef;
 use crate::decision::DenyReason;
@@ -481,15 +483,9 @@ impl Verifier for TpmVerifier {
     }
 
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
-        let keys = match self.challenge_key.keys() {
-            Some(keys) => Some(keys),
-            None if self.challenge_key.is_withheld() => None,
-            None => {
-                return Verification::Pending {
-                    message: "the signer has not loaded its tpm/v1 challenge key yet (see the signer's log and the Cluster's Events)"
-                        .into(),
-                };
-            }
+        let keys = match held_keys(&self.challenge_key, "tpm/v1") {
+            Ok(keys) => keys,
+            Err(message) => return Verification::Pending { message },
         };
         let outcome = match evidence.data {
             None => Err(invalid("tpm/v1 needs an ATTESTATION DATA block")),
