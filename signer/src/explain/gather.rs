@@ -263,19 +263,34 @@ impl ManagementReader {
         lines
     }
 
-    /// The workload cluster's kubeconfig from the Cluster's `<cluster>-kubeconfig` Secret.
+    /// The workload cluster's kubeconfig, as the signer picks it: an operator's
+    /// `<cluster>-node-attestation-kubeconfig` when there is one, else Cluster API's
+    /// `<cluster>-kubeconfig` (explain only reads with it, whatever identity it holds).
     pub async fn workload_kubeconfig(&self, cluster: &ClusterView) -> Result<Zeroizing<Vec<u8>>> {
-        let name = format!("{}-kubeconfig", cluster.name);
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &cluster.namespace);
-        let secret = api.get_opt(&name).await.with_context(|| {
+        let operator = crate::controller::workload_access::operator_kubeconfig_secret(&cluster.name);
+        let cluster_api = format!("{}-kubeconfig", cluster.name);
+        let mut found = None;
+        for name in [&operator, &cluster_api] {
+            let secret = match api.get_opt(name).await {
+                // A Role of explain-rbac before the operator's Secret existed names only Cluster
+                // API's: not being allowed the other one is not being given one.
+                Err(kube::Error::Api(status)) if name == &operator && status.code == 403 => None,
+                read => read.with_context(|| {
+                    format!(
+                        "cannot read Secret {}/{name} (explain needs get on it, or --workload-kubeconfig)",
+                        cluster.namespace
+                    )
+                })?,
+            };
+            if let Some(secret) = secret {
+                found = Some((name, secret));
+                break;
+            }
+        }
+        let (name, secret) = found.with_context(|| {
             format!(
-                "cannot read Secret {}/{name} (explain needs get on it, or --workload-kubeconfig)",
-                cluster.namespace
-            )
-        })?;
-        let secret = secret.with_context(|| {
-            format!(
-                "Secret {}/{name} is missing: the signer cannot serve this Cluster either",
+                "Secrets {0}/{cluster_api} and {0}/{operator} are both missing: the signer cannot serve this Cluster either",
                 cluster.namespace
             )
         })?;

@@ -38,16 +38,23 @@ pub fn run(args: &ExplainRbacArgs) -> Result<()> {
     Ok(())
 }
 
-/// The Role allowed `get` on exactly `<cluster>-kubeconfig` of each Cluster, and its binding.
+/// The Role allowed `get` on exactly `<cluster>-kubeconfig` and
+/// `<cluster>-node-attestation-kubeconfig` of each Cluster, and its binding.
 pub fn objects(args: &ExplainRbacArgs) -> Result<[Value; 2]> {
     check_name("namespace", &args.namespace)?;
     check_name("--name", &args.name)?;
     let mut secrets = Vec::new();
     for cluster in &args.clusters {
         check_name("--cluster", cluster)?;
-        let secret = format!("{cluster}-kubeconfig");
-        if !secrets.contains(&secret) {
-            secrets.push(secret);
+        // Cluster API's, and an operator's own when the Cluster has one (explain picks it as
+        // the signer does).
+        for secret in [
+            format!("{cluster}-kubeconfig"),
+            crate::controller::workload_access::operator_kubeconfig_secret(cluster),
+        ] {
+            if !secrets.contains(&secret) {
+                secrets.push(secret);
+            }
         }
     }
     let subjects: Vec<Value> = args
@@ -116,7 +123,15 @@ mod tests {
         assert_eq!(role["metadata"]["namespace"], "team-a");
         assert_eq!(role["rules"].as_array().unwrap().len(), 1);
         let rule = &role["rules"][0];
-        assert_eq!(rule["resourceNames"], json!(["prod-kubeconfig", "dev-kubeconfig"]));
+        assert_eq!(
+            rule["resourceNames"],
+            json!([
+                "prod-kubeconfig",
+                "prod-node-attestation-kubeconfig",
+                "dev-kubeconfig",
+                "dev-node-attestation-kubeconfig"
+            ])
+        );
         assert_eq!(rule["verbs"], json!(["get"]));
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
         assert_eq!(binding["subjects"][0]["kind"], "Group");
