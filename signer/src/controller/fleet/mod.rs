@@ -18,9 +18,11 @@
 //! time, a Cluster whose view changed (opt-in, attestors, UID), one whose worker is not running
 //! (its Secrets were broken or its CA shared: every `--resync-period`), and every other one once
 //! per `--secret-resync-period` (5 min by default, spread by the Cluster's UID over its last
-//! quarter), one GET per Secret, sixteen at once. A pass triggered by a Cluster's status update
-//! then costs no request at all; at 10,000 Clusters the periodic reads are about 70 GETs a
-//! second where reading everything on every pass was thousands. The bytes are compared before
+//! quarter), one GET per Secret (`<cluster>-kubeconfig`, `<cluster>-ca`, and the operator's
+//! `<cluster>-node-attestation-kubeconfig`, usually a 404), sixteen Clusters at once. A pass
+//! triggered by a Cluster's status update then costs no request at all; at 10,000 Clusters the
+//! periodic reads are about 100 GETs a second where reading everything on every pass was
+//! thousands. The bytes are compared before
 //! anything is parsed: an unchanged kubeconfig and CA keep their worker, client and parsed key.
 //!
 //! Sharded ([`Scope::Shard`]), it serves only the opted-in Clusters the shard assigns to this
