@@ -64,6 +64,39 @@ pub fn require(suite: &str) -> PathBuf {
     crate::envtest::assets(suite)
 }
 
+/// Resolves the `{% if name ==/!= 'text' %}...{% endif %}` blocks of [`render`].
+fn render_ifs(template: &str, lookup: &impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{% if ") {
+        out.push_str(&rest[..start]);
+        let head_end = rest[start..].find("%}").expect("an unterminated {%") + start;
+        let condition = rest[start + 6..head_end].trim();
+        let (name, negated, value) = match (condition.split_once(" != "), condition.split_once(" == ")) {
+            (Some((n, v)), _) => (n, true, v),
+            (None, Some((n, v))) => (n, false, v),
+            _ => panic!("a condition this suite does not render: {condition}"),
+        };
+        let value = value.trim().trim_matches('\'');
+        let actual = lookup(name.trim()).unwrap_or_else(|| panic!("no value for {name}"));
+        let body_end = rest[head_end..]
+            .find("{% endif %}")
+            .expect("an {% if %} without {% endif %}")
+            + head_end;
+        let body = &rest[head_end + 2..body_end];
+        assert!(
+            !body.contains("{%"),
+            "a nested statement this suite does not render: {body}"
+        );
+        if (actual == value) != negated {
+            out.push_str(body);
+        }
+        rest = &rest[body_end + "{% endif %}".len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// kubeadm's CA pin: `sha256:<hex of the SHA-256 of the CA's SubjectPublicKeyInfo>`.
 pub fn ca_cert_hash(ca_pem: &[u8]) -> String {
     let der = der(std::str::from_utf8(ca_pem).unwrap());
@@ -73,10 +106,13 @@ pub fn ca_cert_hash(ca_pem: &[u8]) -> String {
     format!("sha256:{hex}")
 }
 
-/// A Jinja template with only `{{ name }}` expressions (what the role's drop-in and the
-/// template's cloud-init values use), each looked up; anything else (statements, comments,
-/// filters, an unknown name) fails the suite rather than being rendered wrong.
+/// A Jinja template with only `{{ name }}` expressions and `{% if name == 'text' %}` /
+/// `{% if name != 'text' %}` ... `{% endif %}` blocks (unnested; what the role's drop-in and the
+/// template's cloud-init values use), each looked up; anything else (other statements,
+/// comments, filters, an unknown name) fails the suite rather than being rendered wrong.
 pub fn render(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let rendered = render_ifs(template, &lookup);
+    let template = rendered.as_str();
     assert!(
         !template.contains("{%") && !template.contains("{#"),
         "a Jinja statement or comment this suite does not render:\n{template}"
@@ -415,5 +451,26 @@ pub async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::proc
             return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod render_tests {
+    use super::render;
+
+    #[test]
+    fn conditions_on_a_variable_are_rendered_and_anything_else_refused() {
+        let vars = |name: &str| match name {
+            "attestor" => Some("tpm".to_owned()),
+            "file" => Some("/etc/p".to_owned()),
+            _ => None,
+        };
+        let template =
+            "a{% if attestor != 'azure' %} --f {{ file }}{% endif %} b{% if attestor == 'azure' %} x{% endif %}";
+        assert_eq!(render(template, vars), "a --f /etc/p b");
+        let azure = |name: &str| (name == "attestor").then(|| "azure".to_owned());
+        assert_eq!(render("a{% if attestor != 'azure' %} --f{% endif %} b", azure), "a b");
+        assert!(std::panic::catch_unwind(|| render("{% for x in y %}{% endfor %}", vars)).is_err());
+        assert!(std::panic::catch_unwind(|| render("{# comment #}", vars)).is_err());
     }
 }
