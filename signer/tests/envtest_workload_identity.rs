@@ -122,10 +122,33 @@ async fn the_signer_acts_in_a_workload_cluster_as_itself_with_certificates_it_is
         signer.log()
     );
     let first_issued = Instant::now();
-    // A second Cluster on the same apiserver with an operator's kubeconfig (and its own CA):
-    // served with that kubeconfig, as it is (the fixture applies config/workload as "admin",
-    // as the operator would).
-    w.add_sibling(&management_admin, "operated").await;
+    // A second Cluster, on an apiserver of its own (two Clusters on one apiserver would both
+    // judge its CSRs), given an operator's kubeconfig and no `<cluster>-kubeconfig` at all:
+    // served with that kubeconfig, as it is. The operator applies config/workload there.
+    let operated = Envtest::start("envtest_workload_identity operated");
+    let operated_admin = live::client(&operated.admin_kubeconfig).await;
+    live::apply_file(&operated_admin, "config/workload/workload-cluster.yaml").await;
+    let (cert, key) = operated.client_certificate(SIGNER_USER, &[]);
+    let kubeconfig =
+        std::fs::read_to_string(operated.kubeconfig_for_certificate("operator-given", &cert, &key)).unwrap();
+    let mut cluster = capi::cluster("insecure");
+    cluster["metadata"]["name"] = json!("operated");
+    cluster["metadata"]["namespace"] = json!(capi::NAMESPACE);
+    apply(&management_admin, &cluster).await;
+    apply(
+        &management_admin,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "operated-node-attestation-kubeconfig", "namespace": capi::NAMESPACE},
+                "stringData": {"value": kubeconfig}}),
+    )
+    .await;
+    apply(
+        &management_admin,
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "operated-ca", "namespace": capi::NAMESPACE},
+                "stringData": {"tls.crt": String::from_utf8_lossy(&operated.client_ca.cert_pem),
+                               "tls.key": String::from_utf8_lossy(&operated.client_ca.key_pem)}}),
+    )
+    .await;
     let ready = |text: &str| metric(text, "node_attestation_clusters{state=\"Ready\"}");
     let deadline = Instant::now() + Duration::from_secs(30);
     while ready(&signer.metrics()) < 2.0 && Instant::now() < deadline {
