@@ -22,9 +22,8 @@ use std::time::Duration;
 
 use attestation::attestor::ChallengeAnswer;
 use attestation::azure::AzureAttestor;
-use attestation::names::{ANNOTATION_AZURE_CHALLENGE, SIGNER_AZURE};
+use attestation::names::SIGNER_AZURE;
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope};
-use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::Api;
 use serde_json::Value;
 use tests::azure::{ArmStandIn, AzurePki, ImdsStandIn, SUBSCRIPTION};
@@ -115,20 +114,7 @@ async fn claim_of(admin: &kube::Client, name: &str, provider_id: &str) -> Option
 
 /// CSR `name` once it carries its challenge: (UID, annotation).
 async fn challenged(admin: &kube::Client, name: &str, signer: &Signer) -> (String, String) {
-    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
-    for _ in 0..300 {
-        let csr = api.get(name).await.unwrap();
-        if let Some(annotation) = csr
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_AZURE_CHALLENGE))
-        {
-            return (csr.metadata.uid.clone().unwrap(), annotation.clone());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{name} was never challenged\n{}", signer.log());
+    live::wait_annotation(admin, name, attestation::names::ANNOTATION_AZURE_CHALLENGE, signer).await
 }
 
 /// A node built in the test: its key, and CSRs filed with worker-`name`'s join token.

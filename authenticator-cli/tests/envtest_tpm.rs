@@ -234,20 +234,7 @@ impl TpmNode {
 
 /// CSR `name` once it carries its challenge: (UID, annotation).
 async fn challenged(admin: &kube::Client, name: &str, signer: &Signer) -> (String, String) {
-    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
-    for _ in 0..300 {
-        let csr = api.get(name).await.unwrap();
-        if let Some(annotation) = csr
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(attestation::names::ANNOTATION_TPM_CHALLENGE))
-        {
-            return (csr.metadata.uid.clone().unwrap(), annotation.clone());
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    panic!("{name} was never challenged\n{}", signer.log());
+    live::wait_annotation(admin, name, attestation::names::ANNOTATION_TPM_CHALLENGE, signer).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -318,6 +318,20 @@ pub async fn add_bootstrap_token(admin: &Client, id: &str, secret: &str) {
     .await;
 }
 
+/// CSR `name` once the signer has written `annotation` on it (a two-phase provider's
+/// challenge): its UID and the annotation's value. Panics with `signer`'s log after 30 s.
+pub async fn wait_annotation(admin: &Client, name: &str, annotation: &str, signer: &Signer) -> (String, String) {
+    let api: Api<CertificateSigningRequest> = Api::all(admin.clone());
+    for _ in 0..300 {
+        let csr = api.get(name).await.expect("the CSR");
+        if let Some(value) = csr.metadata.annotations.as_ref().and_then(|a| a.get(annotation)) {
+            return (csr.metadata.uid.clone().unwrap_or_default(), value.clone());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{name} never carried {annotation}\n{}", signer.log());
+}
+
 /// How a CSR ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Final {
