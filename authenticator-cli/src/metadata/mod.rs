@@ -1425,10 +1425,10 @@ mod tests {
     }
 
     /// Real attested documents (testdata/azure): this one's nonce is `20260728-192400`...
-    const DOCUMENT: &str = include_str!("../../testdata/azure/taskcluster-public-2026-07-28.p7b.b64");
+    const DOCUMENT: &str = include_str!("../../../testdata/azure/taskcluster-public-2026-07-28.p7b.b64");
     const NONCE: &str = "20260728-192400";
     /// ...and this one's `20260626-005645`: a stale answer to a request for [`NONCE`].
-    const STALE: &str = include_str!("../../testdata/azure/coder-public-2026-06-25.p7b.b64");
+    const STALE: &str = include_str!("../../../testdata/azure/coder-public-2026-06-25.p7b.b64");
 
     /// IMDS's answer to `/metadata/attested/document`.
     fn attested(signature: &str) -> Vec<u8> {
