@@ -204,6 +204,25 @@ fn a_document_signed_by_another_pki_or_for_another_domain_is_refused() {
     assert!(message.contains("metadata domains"), "{message}");
 }
 
+/// SPEC section 5 (revision 5): a leaf's names come from its SAN alone. A leaf with no SAN whose
+/// CN is a metadata domain names no host (Go, rustls-webpki and the CA/Browser Forum ignore the
+/// CN), so its document is refused.
+#[test]
+fn a_leaf_naming_the_metadata_domain_only_in_its_cn_is_refused() {
+    let mut world = World::new();
+    world.pki = std::sync::Arc::new(AzurePki::new(&[]));
+    let key = tests::azure::key();
+    let first = world.challenged(&key);
+    let (_, decision) = world.answer(&key, &first, world.imds());
+    let (reason, message) = denied(&decision.outcome);
+    assert_eq!(reason, DenyReason::AttestationInvalid, "{message}");
+    assert!(
+        message.contains("names [] in its SAN (its CN is not read)"),
+        "{message}"
+    );
+    assert!(decision.claim.is_none());
+}
+
 #[test]
 fn a_document_of_another_subscription_or_one_the_cluster_does_not_allow_is_refused() {
     let mut world = World::new();

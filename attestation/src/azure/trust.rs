@@ -215,7 +215,7 @@ impl MicrosoftTrust {
             })
             .ok_or_else(|| {
                 format!(
-                    "the document's certificate names {:?}, none under the accepted metadata domains ({})",
+                    "the document's certificate names {:?} in its SAN (its CN is not read), none under the accepted metadata domains ({})",
                     names.iter().take(4).collect::<Vec<_>>(),
                     self.domains
                         .iter()
@@ -227,7 +227,9 @@ impl MicrosoftTrust {
     }
 }
 
-/// The certificate's DNS names: its SAN dNSNames, or, with no SAN extension at all, its CNs.
+/// The certificate's DNS names: its SAN dNSNames only (SPEC section 5, revision 5). A
+/// certificate without a SAN names no host: Go's crypto/x509, rustls-webpki and the CA/Browser
+/// Forum's rules ignore the CN, and no Azure document's leaf needs it, so neither does this.
 fn dns_names(certificate: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
     match certificate.subject_alternative_name() {
         Ok(Some(san)) => san
@@ -239,10 +241,6 @@ fn dns_names(certificate: &x509_parser::certificate::X509Certificate<'_>) -> Vec
                 _ => None,
             })
             .collect(),
-        _ => certificate
-            .subject()
-            .iter_common_name()
-            .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
-            .collect(),
+        _ => Vec::new(),
     }
 }
