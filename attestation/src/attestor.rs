@@ -174,6 +174,12 @@ pub trait Verifier: Send + Sync {
     fn proves_hardware_identity(&self) -> bool {
         false
     }
+    /// Whether a verified result proves the node is the very instance the CSR's provider ID
+    /// names (a cloud identity document naming that instance). SPEC rule 7 adopts a MachinePool
+    /// instance, which carries no names, only on such proof (or an EK pinned on the pool).
+    fn proves_instance(&self) -> bool {
+        false
+    }
     /// Judges the evidence.
     fn verify(&self, evidence: &Evidence<'_>) -> Verification;
 }

@@ -42,6 +42,10 @@ impl Verifier for Proves {
     fn proves_hardware_identity(&self) -> bool {
         self.ek.is_some()
     }
+
+    fn proves_instance(&self) -> bool {
+        self.provider != "tpm"
+    }
     fn verify(&self, _evidence: &Evidence<'_>) -> Verification {
         Verification::Verified {
             ek_sha256: self.ek.map(str::to_owned),
@@ -58,6 +62,8 @@ struct Case {
     claim: Option<Value>,
     renewal: bool,
     pool: bool,
+    /// An EK pin on the pool (`cluster.x-k8s.io/tpm-ek-sha256`).
+    pool_ek_pin: bool,
 }
 
 impl Case {
@@ -68,6 +74,7 @@ impl Case {
             claim: None,
             renewal: false,
             pool: false,
+            pool_ek_pin: false,
         }
     }
 
@@ -101,6 +108,9 @@ impl Case {
         } else {
             capi::machine("worker-0", Some(PID))
         };
+        if self.pool_ek_pin {
+            annotate(&mut target, "cluster.x-k8s.io/tpm-ek-sha256", EK);
+        }
         let mut nodes = Vec::new();
         if let Some(record) = &self.claim {
             if self.pool {
@@ -287,19 +297,42 @@ fn a_pool_instance_is_bound_to_its_own_instance_too() {
     assert_eq!(denied(&other.decide()).unwrap().0, DenyReason::AttestationInvalid);
 }
 
-/// SPEC rule 7, adoption, for every attestor: the registered node itself, for a Machine or pool
-/// instance with no claim, is approved under that attestor's proof and claimed as for an
-/// initial request (the claim records the proven instance or EK from then on).
+/// SPEC rule 7, adoption, for every attestor: the registered node itself, for a Machine with no
+/// claim, is approved under that attestor's proof and claimed as for an initial request (the
+/// claim records the proven instance or EK from then on). A pool instance carries no names, so
+/// (revision 5) it is adopted only under an attestor that proves the instance: a cloud identity,
+/// or `tpm/v1` with an EK pinned on the pool; under `insecure/v1` or an unpinned EK it is
+/// refused, saying what the operator can do.
 #[test]
 fn every_attestor_adopts_a_registered_node_and_binds_the_claim() {
-    for pool in [false, true] {
+    for (pool, pool_ek_pin) in [(false, false), (true, false), (true, true)] {
         for provider in ["aws", "gcp", "tpm", "insecure"] {
             let mut case = Case::aws();
             case.provider = provider;
             case.renewal = true; // the node itself asks; no claim: an adoption
             case.pool = pool;
+            case.pool_ek_pin = pool_ek_pin;
             let decision = case.decide();
-            let what = format!("{provider}, pool {pool}");
+            let what = format!("{provider}, pool {pool}, EK pin {pool_ek_pin}");
+            let proves_instance = !pool || matches!(provider, "aws" | "gcp") || (provider == "tpm" && pool_ek_pin);
+            if !proves_instance {
+                let (reason, message) = denied(&decision).unwrap_or_else(|| panic!("{what}: {decision:?}"));
+                assert_eq!(reason, DenyReason::RequesterNotAllowed, "{what}: {message}");
+                assert!(
+                    message.contains("does not prove the node is that instance")
+                        && message.contains("reprovision the instance")
+                        && message.contains("pin its EK"),
+                    "{what}: {message}"
+                );
+                assert!(decision.claim.is_none(), "{what}");
+                continue;
+            }
+            if pool_ek_pin && provider != "tpm" {
+                // An EK-pinned pool accepts only tpm/v1 (rule 12), adoption or not.
+                let (reason, message) = denied(&decision).unwrap_or_else(|| panic!("{what}: {decision:?}"));
+                assert_eq!(reason, DenyReason::AttestationNotAllowed, "{what}: {message}");
+                continue;
+            }
             assert!(
                 matches!(decision.outcome, Outcome::Approved { .. }),
                 "{what}: {decision:?}"

@@ -63,8 +63,8 @@ impl NodeDirectory for Unreachable {
         NodeLookup::Unavailable("connection refused".into())
     }
 
-    fn node_with_provider_id(&self, _provider_id: &str) -> NodeLookup {
-        NodeLookup::Unavailable("connection refused".into())
+    fn nodes_with_provider_id(&self, _provider_id: &str) -> Result<Vec<String>, String> {
+        Err("connection refused".into())
     }
 }
 
@@ -304,6 +304,24 @@ fn pool_instance(name: &str) -> Scenario {
     s.request = RequestSpec::kubelet(name, POOL_PID);
     s.machines.push(capi::machine_pool("pool-a", &[POOL_PID, POOL_PID_2]));
     s.configs.push(capi::kubeadm_config("pool-a-kc", "abcdef", "v1beta2"));
+    s
+}
+
+/// Node `pool-node-x1` asks to be adopted as instance [`POOL_PID`] of pool-a under `tpm/v1`
+/// (its EK pinned on the pool, or trusted by its chain only), while `nodes` (in that order) carry
+/// the instance's provider ID.
+fn pool_adoption(nodes: &[&str], pinned: bool) -> Scenario {
+    let mut s = pool_instance("pool-node-x1");
+    for node in nodes {
+        s.nodes.push(capi::node(node, Some(POOL_PID)));
+    }
+    s.csr.username = "system:node:pool-node-x1".into();
+    s.csr.groups = vec!["system:nodes".into()];
+    if pinned {
+        let pool = s.machines.len() - 1;
+        annotate(&mut s.machines[pool], "cluster.x-k8s.io/tpm-ek-sha256", EK);
+    }
+    s.as_tpm(verified(EK));
     s
 }
 
@@ -2074,7 +2092,12 @@ fn adoption_table() {
             Denied(MachineAlreadyClaimed),
         ),
         (
-            "adopts a MachinePool instance whose registered Node carries its provider ID",
+            "adopts a MachinePool instance whose one registered Node carries its provider ID, with tpm/v1 proving an EK pinned on the pool",
+            || pool_adoption(&["pool-node-x1"], true),
+            Approved,
+        ),
+        (
+            "refuses a pool instance's adoption under insecure/v1: nothing proves the node is that instance",
             || {
                 let mut s = pool_instance("pool-node-x1");
                 s.nodes.push(capi::node("pool-node-x1", Some(POOL_PID)));
@@ -2082,21 +2105,59 @@ fn adoption_table() {
                 s.csr.groups = vec!["system:nodes".into()];
                 s
             },
-            Approved,
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a pool instance's adoption with tpm/v1 whose EK no pin on the pool names (chain or first use)",
+            || pool_adoption(&["pool-node-x1"], false),
+            Denied(RequesterNotAllowed),
         ),
         (
             "refuses a pool instance's adoption under another name than its registered Node's",
+            || pool_adoption(&["pool-node-zz"], true),
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses a pool instance's adoption when two Nodes carry its provider ID, the requester's listed first",
+            || pool_adoption(&["pool-node-x1", "pool-node-zz"], true),
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "refuses it the same when the requester's Node is listed last",
+            || pool_adoption(&["pool-node-zz", "pool-node-x1"], true),
+            Denied(RequesterNotAllowed),
+        ),
+        (
+            "waits for a pool instance's adoption when the Nodes cannot be read",
             || {
-                let mut s = pool_instance("pool-node-x1");
-                s.nodes.push(capi::node("pool-node-zz", Some(POOL_PID)));
-                s.csr.username = "system:node:pool-node-x1".into();
-                s.csr.groups = vec!["system:nodes".into()];
+                let mut s = pool_adoption(&["pool-node-x1"], true);
+                s.nodes_unreachable = true;
                 s
             },
-            Denied(RequesterNotAllowed),
+            Retry,
         ),
     ];
     check(&cases);
+}
+
+/// SPEC rule 7 (revision 5): a refused adoption names the names the Machine does carry, so the
+/// operator sees at once which name its node should have registered under.
+#[test]
+fn a_refused_adoption_names_the_machines_names() {
+    let mut s = Scenario::client();
+    s.control_plane_adoption();
+    s.request = RequestSpec::kubelet("intruder", PID);
+    s.nodes.push(capi::node("intruder", Some(PID)));
+    s.csr.username = "system:node:intruder".into();
+    let decision = s.decide();
+    let Outcome::Denied { reason, message } = &decision.outcome else {
+        panic!("{decision:?}");
+    };
+    assert_eq!(*reason, DenyReason::RequesterNotAllowed);
+    assert!(
+        message.contains(r#"name "prod-cp-x7k2p""#) && message.contains(r#"InternalDNS "ip-10-0-0-7""#),
+        "{message}"
+    );
 }
 
 #[test]

@@ -190,6 +190,11 @@ impl Verifier for AwsVerifier {
         SIGNER_AWS
     }
 
+    /// The verified document names the instance, and the verifier holds it to the provider ID.
+    fn proves_instance(&self) -> bool {
+        true
+    }
+
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
         self.judge(evidence)
             .unwrap_or_else(|(reason, message)| Verification::Failed { reason, message })

@@ -336,6 +336,11 @@ impl Verifier for AzureVerifier {
         SIGNER_AZURE
     }
 
+    /// The verified document names the instance, and the verifier holds it to the provider ID.
+    fn proves_instance(&self) -> bool {
+        true
+    }
+
     fn verify(&self, evidence: &Evidence<'_>) -> Verification {
         let keys = match held_keys(&self.challenge_key, "azure/v1") {
             Ok(keys) => keys,

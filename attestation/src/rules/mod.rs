@@ -44,9 +44,12 @@ pub enum NodeLookup {
 pub trait NodeDirectory {
     /// The Node called `name`.
     fn node(&self, name: &str) -> NodeLookup;
-    /// A Node whose `spec.providerID` is `provider_id` (rule 11: an instance or Machine whose
-    /// Node registered under any name is registered).
-    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup;
+    /// The names of every Node whose `spec.providerID` is `provider_id`, sorted; `Err` when
+    /// the workload cluster cannot be asked (a transient gap). Rule 11: an instance or Machine
+    /// whose Node registered under any name is registered. Rule 7: a pool instance is adopted
+    /// only when exactly one Node carries its provider ID. Several Nodes can: a Node's
+    /// providerID is written by its own kubelet, so a caller never picks "the first" of them.
+    fn nodes_with_provider_id(&self, provider_id: &str) -> Result<Vec<String>, String>;
 }
 
 impl NodeDirectory for [NodeView] {
@@ -57,11 +60,14 @@ impl NodeDirectory for [NodeView] {
             .map_or(NodeLookup::Absent, NodeLookup::Found)
     }
 
-    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
-        self.iter()
-            .find(|n| n.provider_id.as_deref() == Some(provider_id))
-            .cloned()
-            .map_or(NodeLookup::Absent, NodeLookup::Found)
+    fn nodes_with_provider_id(&self, provider_id: &str) -> Result<Vec<String>, String> {
+        let mut names: Vec<String> = self
+            .iter()
+            .filter(|n| n.provider_id.as_deref() == Some(provider_id))
+            .map(|n| n.name.clone())
+            .collect();
+        names.sort();
+        Ok(names)
     }
 }
 
@@ -70,8 +76,8 @@ impl NodeDirectory for Vec<NodeView> {
         self.as_slice().node(name)
     }
 
-    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
-        self.as_slice().node_with_provider_id(provider_id)
+    fn nodes_with_provider_id(&self, provider_id: &str) -> Result<Vec<String>, String> {
+        self.as_slice().nodes_with_provider_id(provider_id)
     }
 }
 

@@ -123,17 +123,17 @@ pub(super) fn check_one_identity(
             OneIdentity::Settled
         }
         ClaimState::Unclaimed | ClaimState::Stale(_) => {
-            let by_provider_id = inputs.nodes.node_with_provider_id(pid.as_str());
+            let by_provider_id = inputs.nodes.nodes_with_provider_id(pid.as_str());
             let registered = target
                 .node_registered(name)
                 .or_else(|| match lookup {
                     NodeLookup::Found(_) => Some(format!("Node {name} exists in the workload cluster")),
                     _ => None,
                 })
-                .or_else(|| match &by_provider_id {
-                    NodeLookup::Found(node) => Some(format!(
+                .or_else(|| match by_provider_id.as_deref() {
+                    Ok([first, ..]) => Some(format!(
                         "Node {} carries its provider ID {}",
-                        shown(&node.name),
+                        shown(first),
                         shown(pid.as_str())
                     )),
                     _ => None,
@@ -147,7 +147,7 @@ pub(super) fn check_one_identity(
                         target.describe()
                     ),
                 ),
-                (None, NodeLookup::Unavailable(why)) => book.pending(
+                (None, Err(why)) => book.pending(
                     Rule::OneIdentity,
                     format!(
                         "cannot tell whether a Node already carries provider ID {}: {why}",

@@ -94,7 +94,16 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     let mut one_identity = OneIdentity::Settled;
     if let (Some(target), Some(pid), Some(claim)) = (target, provider_id.as_ref(), &claim) {
         if let Some(requester) = &requester {
-            requester::bind_requester(&mut book, inputs, target, claim, requester, node_name.as_ref(), pid);
+            requester::bind_requester(
+                &mut book,
+                inputs,
+                target,
+                claim,
+                requester,
+                node_name.as_ref(),
+                pid,
+                envelope.provider.as_ref().map(|p| p.provider()),
+            );
         }
         if let Some(name) = &node_name {
             let lookup = inputs.nodes.node(name.as_str());

@@ -8,7 +8,8 @@ use super::target::Target;
 use crate::claim::ClaimState;
 use crate::decision::{DenyReason, Rule};
 use crate::identity::{NodeName, ProviderId};
-use crate::names::{BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES};
+use crate::machine::{MachinePoolView, MachineView};
+use crate::names::{ANNOTATION_EK_PIN, BOOTSTRAP_USER_PREFIX, GROUP_BOOTSTRAPPERS, GROUP_NODES};
 
 /// Who filed the CSR.
 pub(super) enum Requester {
@@ -63,6 +64,7 @@ pub(super) fn classify_requester(
 
 /// Rule 7's second half: the requester bound to the Machine (its join token, its claim, or the
 /// names it carries for an adoption).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn bind_requester(
     book: &mut Book,
     inputs: &Inputs<'_>,
@@ -71,6 +73,7 @@ pub(super) fn bind_requester(
     requester: &Requester,
     node_name: Option<&NodeName>,
     pid: &ProviderId,
+    provider: Option<&str>,
 ) {
     match requester {
         Requester::Bootstrap { username } => match target.bootstrap_config() {
@@ -144,7 +147,10 @@ pub(super) fn bind_requester(
             ),
         },
         Requester::Adoption => match node_name {
-            Some(name) => adoption(book, inputs, target, name, pid),
+            Some(name) => match target {
+                Target::Machine(machine) => adopt_machine(book, inputs, machine, target, name, pid),
+                Target::Pool(pool) => adopt_pool_instance(book, inputs, pool, target, name, pid, provider),
+            },
             None => book.fail(
                 Rule::Requester,
                 DenyReason::RequesterNotAllowed,
@@ -154,39 +160,44 @@ pub(super) fn bind_requester(
     }
 }
 
-/// SPEC rule 7, adoption: the node itself, for a Machine or pool instance with no valid claim,
-/// is accepted only when it is the node the Machine already names: its `status.nodeRef`, or a
-/// registered Node carrying its provider ID under that name. Anyone else (another node's
-/// certificate, a node for a Machine that names another) is refused; a Node list that cannot be
-/// read waits.
-fn adoption(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName, pid: &ProviderId) {
+/// SPEC rule 7 (revision 5), adoption of a Machine: the node itself, for a Machine with no
+/// valid claim, is accepted only under a name the Machine itself carries (its name,
+/// infrastructure name, Hostname or DNS address, as its infrastructure provider wrote them), and
+/// only when the Machine's node is known by that name: its `status.nodeRef`, or, with no nodeRef
+/// yet, the registered Node of that name carrying the Machine's provider ID. A Node object, and
+/// so the nodeRef Cluster API derives from its provider ID, is written by the node itself, and
+/// any node identity may register a Node carrying another Machine's provider ID: neither names a
+/// node on its own. The Node is looked up by the requester's own name, never as "the first Node
+/// carrying the provider ID", so the answer does not depend on the order Nodes are listed in.
+fn adopt_machine(
+    book: &mut Book,
+    inputs: &Inputs<'_>,
+    machine: &MachineView,
+    target: Target<'_>,
+    name: &NodeName,
+    pid: &ProviderId,
+) {
     let username = name.username();
-    // The safer rule (documented in docs/decisions.md): a Node object, and so the nodeRef Cluster
-    // API derives from its provider ID, is written by the node itself, and any node identity may
-    // register a Node carrying another Machine's provider ID. For a Machine the name must also be
-    // one of its own, as the infrastructure provider wrote them (its name, infrastructure name,
-    // Hostname or DNS address); a pool instance has no names: its attestation binds it.
-    if let Target::Machine(m) = target
-        && !(m.name() == name.as_str()
-            || m.infrastructure_name() == Some(name.as_str())
-            || m.addresses()
-                .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str())))
-    {
+    let carried = machine.name() == name.as_str()
+        || machine.infrastructure_name() == Some(name.as_str())
+        || machine
+            .addresses()
+            .any(|a| a.is_dns() && a.address.eq_ignore_ascii_case(name.as_str()));
+    if !carried {
         book.fail(
             Rule::Requester,
             DenyReason::RequesterNotAllowed,
             format!(
-                "adoption by {} refused: {} is not one of the names {} carries (its name, infrastructure name, Hostname or DNS address): a Node alone, which any node may register, does not name a Machine's node",
+                "adoption by {} refused: {} is not one of the names {} carries ({}): a Node alone, which any node may register, does not name a Machine's node",
                 shown(&username),
                 name,
-                target.describe()
+                target.describe(),
+                machine_names(machine)
             ),
         );
         return;
     }
-    if let Target::Machine(m) = target
-        && let Some(node_ref) = m.node_ref()
-    {
+    if let Some(node_ref) = machine.node_ref() {
         if node_ref == name.as_str() {
             book.pass(
                 Rule::Requester,
@@ -209,8 +220,8 @@ fn adoption(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, name: &Nod
         }
         return;
     }
-    match inputs.nodes.node_with_provider_id(pid.as_str()) {
-        NodeLookup::Found(node) if node.name == name.as_str() => book.pass(
+    match inputs.nodes.node(name.as_str()) {
+        NodeLookup::Found(node) if node.provider_id.as_deref() == Some(pid.as_str()) => book.pass(
             Rule::Requester,
             format!(
                 "adoption: {username} is the registered Node carrying the provider ID of {} and holds no claim yet",
@@ -221,24 +232,118 @@ fn adoption(book: &mut Book, inputs: &Inputs<'_>, target: Target<'_>, name: &Nod
             Rule::Requester,
             DenyReason::RequesterNotAllowed,
             format!(
-                "adoption by {} refused: the Node carrying the provider ID of {} is {}",
+                "adoption by {} refused: Node {name} carries provider ID {}, not the provider ID of {}",
                 shown(&username),
-                target.describe(),
-                shown(&node.name)
+                shown(node.provider_id.as_deref().unwrap_or_default()),
+                target.describe()
             ),
         ),
         NodeLookup::Absent => book.fail(
             Rule::Requester,
             DenyReason::RequesterNotAllowed,
             format!(
-                "adoption by {} refused: {} holds no valid claim and names no node (no status.nodeRef, no registered Node carrying its provider ID); a new node joins with its bootstrap token",
+                "adoption by {} refused: {} holds no valid claim and names no node (no status.nodeRef, no registered Node {name} carrying its provider ID); a new node joins with its bootstrap token",
                 shown(&username),
                 target.describe()
             ),
         ),
         NodeLookup::Unavailable(why) => book.pending(
             Rule::Requester,
-            format!("adoption: cannot tell which Node carries the provider ID of {}: {why}", target.describe()),
+            format!("adoption: cannot look up Node {name} for {}: {why}", target.describe()),
+        ),
+    }
+}
+
+/// A Machine's names as rule 7 reads them, for a refusal's message.
+fn machine_names(machine: &MachineView) -> String {
+    let mut names = vec![format!("name {}", shown(machine.name()))];
+    if let Some(infrastructure) = machine.infrastructure_name() {
+        names.push(format!("infrastructure name {}", shown(infrastructure)));
+    }
+    names.extend(
+        machine
+            .addresses()
+            .filter(|a| a.is_dns())
+            .take(4)
+            .map(|a| format!("{} {}", a.kind, shown(a.address))),
+    );
+    names.join(", ")
+}
+
+/// SPEC rule 7 (revision 5), adoption of a MachinePool instance. An instance carries no names
+/// of its own, so nothing but its attestation can say the requester is that instance: it is
+/// adopted only with an attestor that proves the instance itself (a cloud identity, which names
+/// the instance its provider ID names, or `tpm/v1` with an EK pinned on the pool), and only when
+/// exactly one Node, the requester's, carries its provider ID. Under `insecure/v1`, or `tpm/v1`
+/// whose EK is trusted by its chain or on first use, any node identity that registers a Node
+/// carrying the instance's provider ID could take the instance over.
+fn adopt_pool_instance(
+    book: &mut Book,
+    inputs: &Inputs<'_>,
+    pool: &MachinePoolView,
+    target: Target<'_>,
+    name: &NodeName,
+    pid: &ProviderId,
+    provider: Option<&str>,
+) {
+    let username = name.username();
+    let verifier = provider.and_then(|p| inputs.verifiers.for_provider(p));
+    let pinned = pool
+        .ek_pins
+        .iter()
+        .flat_map(|p| p.split(','))
+        .any(|p| !p.trim().is_empty());
+    let proves_instance = verifier.is_some_and(|v| v.proves_instance() || (v.proves_hardware_identity() && pinned));
+    if !proves_instance {
+        book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption of instance {} of {} by {} refused: {} does not prove the node is that instance (a pool instance carries no names; only a cloud identity, or tpm/v1 with an EK pinned on the MachinePool ({ANNOTATION_EK_PIN}), does); reprovision the instance so that it joins with the pool's bootstrap token, or pin its EK on the MachinePool",
+                shown(pid.as_str()),
+                target.describe(),
+                shown(&username),
+                provider.map_or_else(|| "a request without attestation".to_owned(), |p| format!("{p}/v1 here")),
+            ),
+        );
+        return;
+    }
+    match inputs.nodes.nodes_with_provider_id(pid.as_str()) {
+        Ok(names) if names.len() == 1 && names[0] == name.as_str() => book.pass(
+            Rule::Requester,
+            format!(
+                "adoption: {username} is the one registered Node carrying the provider ID of {} and holds no claim yet",
+                target.describe()
+            ),
+        ),
+        Ok(names) if names.is_empty() => book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption by {} refused: no registered Node carries provider ID {} of {}; a new instance joins with the pool's bootstrap token",
+                shown(&username),
+                shown(pid.as_str()),
+                target.describe()
+            ),
+        ),
+        Ok(names) => book.fail(
+            Rule::Requester,
+            DenyReason::RequesterNotAllowed,
+            format!(
+                "adoption by {} refused: {} Node(s) carry provider ID {} of {} ({}), and exactly one, the requester's, must: delete the Node that is not the instance's (kubectl delete node), or reprovision the instance",
+                shown(&username),
+                names.len(),
+                shown(pid.as_str()),
+                target.describe(),
+                shown(&names.iter().take(4).cloned().collect::<Vec<_>>().join(", "))
+            ),
+        ),
+        Err(why) => book.pending(
+            Rule::Requester,
+            format!(
+                "adoption: cannot tell which Nodes carry the provider ID of {}: {why}",
+                target.describe()
+            ),
         ),
     }
 }

@@ -96,21 +96,6 @@ fn provider_id(node: &Node) -> Option<String> {
 }
 
 impl NodeIndex {
-    /// A Node carrying `provider_id`.
-    pub fn with_provider_id(&self, provider_id: &str) -> NodeLookup {
-        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(unavailable) = state.unavailable() {
-            return unavailable;
-        }
-        match state.by_provider_id.get(provider_id).and_then(|names| names.first()) {
-            Some(name) => NodeLookup::Found(NodeView {
-                name: name.clone(),
-                provider_id: Some(provider_id.to_owned()),
-            }),
-            None => NodeLookup::Absent,
-        }
-    }
-
     /// Every Node, when the index is live (SPEC section 7: the Nodes outside attestation);
     /// otherwise why not.
     pub fn all(&self) -> Result<Vec<NodeView>, String> {
@@ -220,8 +205,16 @@ impl NodeDirectory for NodeIndex {
         self.with_name(name)
     }
 
-    fn node_with_provider_id(&self, provider_id: &str) -> NodeLookup {
-        self.with_provider_id(provider_id)
+    fn nodes_with_provider_id(&self, provider_id: &str) -> Result<Vec<String>, String> {
+        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(NodeLookup::Unavailable(why)) = state.unavailable() {
+            return Err(why);
+        }
+        Ok(state
+            .by_provider_id
+            .get(provider_id)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default())
     }
 }
 
@@ -242,16 +235,13 @@ mod tests {
     #[test]
     fn lookups_wait_for_the_first_list_then_follow_the_watch() {
         let index = NodeIndex::default();
-        assert!(matches!(index.with_provider_id("p-1"), NodeLookup::Unavailable(_)));
+        assert!(index.nodes_with_provider_id("p-1").is_err());
         index.apply(watcher::Event::Init);
         index.apply(watcher::Event::InitApply(node("a", Some("p-1"))));
-        assert!(
-            matches!(index.with_provider_id("p-1"), NodeLookup::Unavailable(_)),
-            "half a list is no answer"
-        );
+        assert!(index.nodes_with_provider_id("p-1").is_err(), "half a list is no answer");
         index.apply(watcher::Event::InitDone);
-        assert!(matches!(index.with_provider_id("p-1"), NodeLookup::Found(ref n) if n.name == "a"));
-        assert_eq!(index.with_provider_id("p-2"), NodeLookup::Absent);
+        assert_eq!(index.nodes_with_provider_id("p-1"), Ok(vec!["a".to_owned()]));
+        assert_eq!(index.nodes_with_provider_id("p-2"), Ok(vec![]));
         assert_eq!(
             index.with_name("a"),
             NodeLookup::Found(NodeView {
@@ -263,10 +253,10 @@ mod tests {
 
         // A Node whose provider ID changes, one deleted, one added.
         index.apply(watcher::Event::Apply(node("a", Some("p-2"))));
-        assert_eq!(index.with_provider_id("p-1"), NodeLookup::Absent);
-        assert!(matches!(index.with_provider_id("p-2"), NodeLookup::Found(_)));
+        assert_eq!(index.nodes_with_provider_id("p-1"), Ok(vec![]));
+        assert_eq!(index.nodes_with_provider_id("p-2").map(|n| n.len()), Ok(1));
         index.apply(watcher::Event::Delete(node("a", Some("p-2"))));
-        assert_eq!(index.with_provider_id("p-2"), NodeLookup::Absent);
+        assert_eq!(index.nodes_with_provider_id("p-2"), Ok(vec![]));
         index.apply(watcher::Event::Apply(node("b", None)));
         assert_eq!(index.len(), 1);
 
@@ -275,9 +265,15 @@ mod tests {
         index.apply(watcher::Event::InitApply(node("c", Some("p-3"))));
         index.apply(watcher::Event::InitDone);
         assert_eq!(index.len(), 1);
-        assert!(matches!(index.with_provider_id("p-3"), NodeLookup::Found(_)));
+        assert_eq!(index.nodes_with_provider_id("p-3").map(|n| n.len()), Ok(1));
+        // Two Nodes carrying one provider ID are both named, whichever registered first.
+        index.apply(watcher::Event::Apply(node("b-intruder", Some("p-3"))));
+        assert_eq!(
+            index.nodes_with_provider_id("p-3"),
+            Ok(vec!["b-intruder".to_owned(), "c".to_owned()])
+        );
         index.failed("gone".into());
-        assert_eq!(index.with_provider_id("p-3"), NodeLookup::Unavailable("gone".into()));
+        assert_eq!(index.nodes_with_provider_id("p-3"), Err("gone".into()));
         assert_eq!(index.with_name("c"), NodeLookup::Unavailable("gone".into()));
     }
 }
