@@ -63,6 +63,16 @@ impl OutsideNode {
         }
     }
 
+    /// Whether this Node keeps kubeadm's rotation binding (SPEC section 7, revision 5): only a
+    /// Node of a Machine or pool instance that holds no valid claim yet, which renews through
+    /// that binding until it is adopted. A Node that no Machine names, or that carries the
+    /// provider ID of a Machine claimed for another node, is reported but keeps nothing: any
+    /// kept legacy identity (valid for up to a year) can register such a Node, and it would
+    /// otherwise hold kubeadm's renewal path open for every node of the cluster.
+    pub fn keeps_rotation_binding(&self) -> bool {
+        matches!(self.why, Outside::Unclaimed(_))
+    }
+
     /// Why, for people.
     pub fn describe(&self) -> String {
         match &self.why {
@@ -153,22 +163,30 @@ pub enum RotationBinding {
 }
 
 /// Whether `kubeadm:node-autoapprove-certificate-rotation` may go (SPEC section 7, "No silent
-/// expiry"): at once under `cluster.x-k8s.io/kubelet-legacy-rotation: remove`, else once no
-/// Node is outside attestation.
+/// expiry", revision 5): at once under `cluster.x-k8s.io/kubelet-legacy-rotation: remove`, else
+/// once no Node of a Machine or pool instance is outside attestation
+/// ([`OutsideNode::keeps_rotation_binding`]).
 pub fn rotation_binding(cluster: &ClusterView, outside: &[OutsideNode]) -> RotationBinding {
     if cluster.annotation(ANNOTATION_LEGACY_ROTATION) == Some(LEGACY_ROTATION_REMOVE) {
         return RotationBinding::Remove {
             why: format!("the Cluster is annotated {ANNOTATION_LEGACY_ROTATION}: {LEGACY_ROTATION_REMOVE}"),
         };
     }
-    if outside.is_empty() {
-        RotationBinding::Remove {
+    let keepers: Vec<String> = outside
+        .iter()
+        .filter(|n| n.keeps_rotation_binding())
+        .map(|n| n.name.clone())
+        .collect();
+    match (keepers.is_empty(), outside.len()) {
+        (true, 0) => RotationBinding::Remove {
             why: "every Node is under attestation".to_owned(),
-        }
-    } else {
-        RotationBinding::Keep {
-            nodes: outside.iter().map(|n| n.name.clone()).collect(),
-        }
+        },
+        (true, reported) => RotationBinding::Remove {
+            why: format!(
+                "every Node of a Machine or pool instance is under attestation ({reported} Node(s) that no unclaimed Machine names are reported, and keep nothing)"
+            ),
+        },
+        (false, _) => RotationBinding::Keep { nodes: keepers },
     }
 }
 
@@ -240,12 +258,26 @@ mod tests {
         assert!(matches!(outside[3].why, Outside::ClaimedForAnother { ref claimed, .. } if claimed == "somebody-else"));
         assert!(outside[0].describe().contains("did not issue"));
 
+        // Only the Nodes of unclaimed Machines and instances keep the binding: "stray" (no
+        // Machine) and "w-1" (its Machine claimed for another node) are reported only.
         assert_eq!(
             rotation_binding(&cluster, &outside),
             RotationBinding::Keep {
-                nodes: vec!["cp-0".into(), "pool-2".into(), "stray".into(), "w-1".into()]
+                nodes: vec!["cp-0".into(), "pool-2".into()]
             }
         );
+        // A kept legacy identity's own Node, belonging to no Machine, does not hold kubeadm's
+        // renewal path open for the cluster (an attack review's finding).
+        let only_strays: Vec<OutsideNode> = outside
+            .iter()
+            .filter(|n| !n.keeps_rotation_binding())
+            .cloned()
+            .collect();
+        assert_eq!(only_strays.len(), 2);
+        assert!(matches!(
+            rotation_binding(&cluster, &only_strays),
+            RotationBinding::Remove { ref why } if why.contains("2 Node(s)")
+        ));
         assert!(matches!(
             rotation_binding(&cluster, &[]),
             RotationBinding::Remove { .. }

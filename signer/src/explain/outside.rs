@@ -49,7 +49,7 @@ pub fn report(
             format!("removed ({why}), unless the signer runs with --keep-legacy-autoapprove")
         }
         RotationBinding::Keep { nodes } => format!(
-            "kept while {} Node(s) outside attestation renew through it",
+            "kept while {} Node(s) of Machines or pool instances outside attestation renew through it",
             nodes.len()
         ),
     };
