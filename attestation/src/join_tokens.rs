@@ -106,10 +106,26 @@ pub fn managed(cluster: &ClusterView, leave_flag: bool) -> Result<(), LeftBecaus
 pub enum Joined {
     /// `status.nodeRef` is set.
     NodeRef,
-    /// A Node carrying the Machine's provider ID is registered, first seen then.
+    /// The Node the Machine's claim names is registered carrying its provider ID
+    /// ([`claimed_node_registered`]), first seen then.
     Registered(OffsetDateTime),
     /// Neither.
     No,
+}
+
+/// Whether a claimed Machine's node has registered, for [`Joined::Registered`] (SPEC section
+/// 7, revision 5): the Node its claim names exists and carries the Machine's provider ID. Any
+/// other Node carrying the provider ID does not count: a Node's `spec.providerID` is written by
+/// its own kubelet, so another node could otherwise get the Machine's token deleted early. A
+/// Machine without a valid claim, or a Node list that cannot be read, is not registered.
+pub fn claimed_node_registered(machine: &MachineView, nodes: &dyn crate::rules::NodeDirectory) -> bool {
+    let (Some(claim), Some(provider_id)) = (machine.valid_claim(), machine.provider_id()) else {
+        return false;
+    };
+    matches!(
+        nodes.node(claim.node_name),
+        crate::rules::NodeLookup::Found(node) if node.provider_id.as_deref() == Some(provider_id)
+    )
 }
 
 /// Something that still needs a token, and why.

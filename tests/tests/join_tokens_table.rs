@@ -235,6 +235,37 @@ fn a_registered_node_without_node_ref_retires_only_after_the_grace() {
     assert_eq!(plans(&objects, &[], a_while_ago)[0].1, "retire:m1");
 }
 
+/// A claimed Machine's token goes once the Node its claim names (`n`) registers carrying its
+/// provider ID; another kubelet's Node carrying that provider ID does not count (an attack
+/// review's finding: any node could otherwise get the token deleted early).
+#[test]
+fn only_the_node_the_claim_names_registers_a_claimed_machine() {
+    use attestation::machine::NodeView;
+    let m1 = MachineView::from_object(&machine("m1", "m1-kc", true, false)).unwrap();
+    let pid = m1.provider_id().unwrap().to_owned();
+    let node = |name: &str, pid: &str| NodeView {
+        name: name.into(),
+        provider_id: Some(pid.into()),
+    };
+    let registered = |nodes: Vec<NodeView>| join_tokens::claimed_node_registered(&m1, &nodes);
+    assert!(!registered(vec![]));
+    assert!(
+        !registered(vec![node("intruder", &pid)]),
+        "another Node carrying the provider ID"
+    );
+    assert!(
+        !registered(vec![node("n", "aws:///us-east-1a/i-other")]),
+        "the claim's node with another provider ID"
+    );
+    assert!(registered(vec![node("intruder", &pid), node("n", &pid)]));
+    let unclaimed = MachineView::from_object(&machine("m2", "m2-kc", false, false)).unwrap();
+    let m2_pid = unclaimed.provider_id().unwrap().to_owned();
+    assert!(!join_tokens::claimed_node_registered(
+        &unclaimed,
+        &vec![node("m2", &m2_pid)]
+    ));
+}
+
 fn token(expiration: Option<&str>) -> TokenSecret {
     TokenSecret {
         type_: Some(SECRET_TYPE_BOOTSTRAP_TOKEN.into()),

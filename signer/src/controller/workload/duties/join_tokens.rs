@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use attestation::join_tokens::{self, Joined, Keep, LeftBecause, TOKEN_NAMESPACE, TokenPlan, secret_name};
 use attestation::machine::{ClusterView, Inventory, TargetRef};
-use attestation::{NodeDirectory, NodeLookup};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
@@ -128,8 +127,8 @@ impl Worker {
         }
     }
 
-    /// Whether each claimed Machine's node has joined: `status.nodeRef`, or a Node carrying its
-    /// provider ID (first seen when, remembered in `duty`).
+    /// Whether each claimed Machine's node has joined: `status.nodeRef`, or the Node its claim
+    /// names carrying its provider ID (first seen when, remembered in `duty`).
     fn joined_states(
         &self,
         inventory: &Inventory,
@@ -144,11 +143,10 @@ impl Worker {
             let state = if machine.node_ref().is_some() {
                 Joined::NodeRef
             } else {
-                match machine.provider_id().map(|pid| self.nodes.node_with_provider_id(pid)) {
-                    Some(NodeLookup::Found(_)) => {
-                        Joined::Registered(*duty.registered.entry(machine.uid().to_owned()).or_insert(now))
-                    }
-                    _ => Joined::No,
+                if join_tokens::claimed_node_registered(machine, &self.nodes) {
+                    Joined::Registered(*duty.registered.entry(machine.uid().to_owned()).or_insert(now))
+                } else {
+                    Joined::No
                 }
             };
             states.insert(machine.uid().to_owned(), state);
