@@ -15,8 +15,8 @@ mod packed;
 
 use crate::claim::{ClaimRecord, ClaimState, PoolClaims};
 use crate::names::{
-    ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_POOL_CLAIMS,
-    LABEL_CLUSTER_NAME,
+    ANNOTATION_ALLOWED_ATTESTORS, ANNOTATION_CLAIM, ANNOTATION_EK_PIN, ANNOTATION_OPT_IN, ANNOTATION_PAUSED,
+    ANNOTATION_POOL_CLAIMS, LABEL_CLUSTER_NAME,
 };
 
 pub use crate::target::{TargetKind, TargetRef};
@@ -269,8 +269,59 @@ pub struct ClusterView {
     /// Allowed attestor providers; `["tpm"]` when the annotation is absent.
     pub allowed_attestors: Vec<String>,
     /// The Cluster's `cluster.x-k8s.io/kubelet-*` annotations (a provider's own settings, such
-    /// as the cloud allow-lists, read by that provider's verifier); nothing else is kept.
+    /// as the cloud allow-lists, read by that provider's verifier); no other annotation is
+    /// kept (the pause annotation is read into [`ClusterView::paused`]).
     pub kubelet_annotations: std::collections::BTreeMap<String, String>,
+    /// How the Cluster is paused, `None` when it is not: the signer then decides and writes
+    /// nothing for it (SPEC section 7, "Paused Clusters").
+    pub paused: Option<Paused>,
+}
+
+/// How a Cluster is paused, read as Cluster API's own controllers read it
+/// (`annotations.IsPaused` in sigs.k8s.io/cluster-api `util/annotations`): `spec.paused` is
+/// true (a `bool` in v1beta1, a `*bool` in v1beta2: both `true` in JSON), or the
+/// `cluster.x-k8s.io/paused` annotation is present, whatever its value (`clusterctl move` and
+/// operators set it empty). Reading it as they do matters: `clusterctl move` pauses the source
+/// Cluster and unpauses its copy by these two, and a signer that read them otherwise would
+/// write claims or certificates for a Cluster in mid-move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Paused {
+    /// `spec.paused: true`.
+    Spec,
+    /// The `cluster.x-k8s.io/paused` annotation is present.
+    Annotation,
+    /// Both.
+    SpecAndAnnotation,
+}
+
+impl Paused {
+    /// How `object` (a Cluster of either version) is paused, `None` when it is not.
+    pub fn of(object: &Value) -> Option<Self> {
+        let spec = object.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
+        let annotation = object
+            .pointer("/metadata/annotations")
+            .and_then(|annotations| annotations.get(ANNOTATION_PAUSED))
+            .is_some();
+        match (spec, annotation) {
+            (true, true) => Some(Self::SpecAndAnnotation),
+            (true, false) => Some(Self::Spec),
+            (false, true) => Some(Self::Annotation),
+            (false, false) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Paused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Spec => write!(f, "spec.paused is true"),
+            Self::Annotation => write!(f, "it carries the {ANNOTATION_PAUSED} annotation"),
+            Self::SpecAndAnnotation => write!(
+                f,
+                "spec.paused is true and it carries the {ANNOTATION_PAUSED} annotation"
+            ),
+        }
+    }
 }
 
 impl ClusterView {
@@ -288,7 +339,13 @@ impl ClusterView {
             opted_in: true,
             allowed_attestors: allowed.iter().map(|s| (*s).to_owned()).collect(),
             kubelet_annotations: std::collections::BTreeMap::new(),
+            paused: None,
         }
+    }
+
+    /// Whether the Cluster is paused (see [`Paused`]).
+    pub fn is_paused(&self) -> bool {
+        self.paused.is_some()
     }
 
     /// The same Cluster with one more `cluster.x-k8s.io/kubelet-*` annotation (offline use and
@@ -333,6 +390,7 @@ impl ClusterView {
             opted_in: meta.annotation(ANNOTATION_OPT_IN) == Some("true"),
             allowed_attestors,
             kubelet_annotations,
+            paused: Paused::of(object),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -966,5 +1024,58 @@ mod tests {
             "annotations": {"cluster.x-k8s.io/kubelet-authentication": "true"}}});
         let view = ClusterView::from_object(&c).unwrap();
         assert!(view.opted_in && view.allows("tpm") && !view.allows("insecure"));
+    }
+
+    #[test]
+    fn a_cluster_is_paused_by_spec_paused_or_the_annotation_in_either_version() {
+        let cluster = |version: &str, spec: Value, annotations: Value| {
+            let object = json!({"apiVersion": format!("cluster.x-k8s.io/{version}"), "kind": "Cluster",
+                "metadata": {"name": "c", "namespace": "ns", "annotations": annotations}, "spec": spec});
+            ClusterView::from_object(&object).unwrap().paused
+        };
+        let opted_in = json!({"cluster.x-k8s.io/kubelet-authentication": "true"});
+        for version in ["v1beta1", "v1beta2"] {
+            assert_eq!(cluster(version, json!({}), opted_in.clone()), None, "{version}");
+            assert_eq!(
+                cluster(version, json!({"paused": false}), opted_in.clone()),
+                None,
+                "{version}"
+            );
+            assert_eq!(
+                cluster(version, json!({"paused": true}), opted_in.clone()),
+                Some(Paused::Spec),
+                "{version}"
+            );
+            // Present is paused, whatever the value: Cluster API reads it so.
+            for value in ["", "true", "false"] {
+                let annotations =
+                    json!({"cluster.x-k8s.io/kubelet-authentication": "true", "cluster.x-k8s.io/paused": value});
+                assert_eq!(
+                    cluster(version, json!({}), annotations.clone()),
+                    Some(Paused::Annotation),
+                    "{version} {value:?}"
+                );
+                assert_eq!(
+                    cluster(version, json!({"paused": true}), annotations),
+                    Some(Paused::SpecAndAnnotation),
+                    "{version} {value:?}"
+                );
+            }
+        }
+        // Not a bool, or another annotation: not paused.
+        assert_eq!(
+            cluster(
+                "v1beta2",
+                json!({"paused": "true"}),
+                json!({"cluster.x-k8s.io/paused-not": ""})
+            ),
+            None
+        );
+        let paused = ClusterView::from_object(&json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c", "annotations": {"cluster.x-k8s.io/paused": ""}}}))
+        .unwrap();
+        assert!(paused.is_paused() && paused.kubelet_annotations.is_empty());
+        assert!(paused.paused.unwrap().to_string().contains("cluster.x-k8s.io/paused"));
+        assert!(!ClusterView::named("c", "ns", &["tpm"]).is_paused());
     }
 }

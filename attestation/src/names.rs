@@ -42,6 +42,9 @@ pub const ANNOTATION_GCP_PROJECTS: &str = "cluster.x-k8s.io/kubelet-gcp-projects
 pub const ANNOTATION_AZURE_SUBSCRIPTIONS: &str = "cluster.x-k8s.io/kubelet-azure-subscriptions";
 /// EK pin on a Machine or MachinePool (comma list of lowercase hex SHA-256).
 pub const ANNOTATION_EK_PIN: &str = "cluster.x-k8s.io/tpm-ek-sha256";
+/// Cluster API's pause annotation: present (any value) on a Cluster, Cluster API's controllers
+/// and the signer leave the Cluster alone (SPEC section 7, "Paused Clusters").
+pub const ANNOTATION_PAUSED: &str = "cluster.x-k8s.io/paused";
 
 /// The label Cluster API puts on the objects of a Cluster (a KubeadmConfig's only link to its
 /// Cluster: its spec has no `clusterName`).

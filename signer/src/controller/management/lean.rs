@@ -150,6 +150,20 @@ mod tests {
     }
 
     #[test]
+    fn a_lean_cluster_keeps_what_pauses_it() {
+        let cluster = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "prod", "namespace": "team-a",
+                         "annotations": {"cluster.x-k8s.io/kubelet-authentication": "true", "cluster.x-k8s.io/paused": ""},
+                         "managedFields": [{"manager": "clusterctl"}]},
+            "spec": {"paused": true},
+        });
+        let lean: LeanObject = serde_json::from_str(&cluster.to_string()).unwrap();
+        let view = attestation::machine::ClusterView::from_object(&lean.0).unwrap();
+        assert_eq!(view.paused, Some(attestation::machine::Paused::SpecAndAnnotation));
+    }
+
+    #[test]
     fn what_is_not_an_object_is_kept_for_the_view_to_refuse_and_broken_json_is_an_error() {
         for metadata in [
             json!(null),

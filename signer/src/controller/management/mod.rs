@@ -114,8 +114,7 @@ where
     let feed = Arc::clone(&cache);
     tokio::spawn(async move {
         let to_view = |object: &DynamicObject| -> Option<V> {
-            let value = serde_json::to_value(object).ok()?;
-            match view(&value) {
+            match watched_view(object, view) {
                 Ok(v) => Some(v),
                 Err(e) => {
                     tracing::warn!(object = %key_of(object), error = %e, "ignoring unreadable {what}");
@@ -162,6 +161,14 @@ where
         }
     });
     cache
+}
+
+/// A watched object's view. The whole object (every field the API server sent: the watch is
+/// not a metadata-only one) is what the view reads, so a field the view needs, such as a
+/// Cluster's `spec.paused` or its pause annotation, is never left out on the way.
+fn watched_view<V>(object: &DynamicObject, view: fn(&Value) -> Result<V, ObjectError>) -> Result<V, String> {
+    let value = serde_json::to_value(object).map_err(|e| e.to_string())?;
+    view(&value).map_err(|e| e.to_string())
 }
 
 /// Which served version of a group the signer reads.
@@ -740,5 +747,40 @@ impl ApplyError {
     /// True for answers that say "fewer at once".
     pub fn is_overload(&self) -> bool {
         matches!(self, Self::Overloaded(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_cache_keeps_what_pauses_a_cluster_in_either_version() {
+        let watched = |object: Value| -> ClusterView {
+            let object: DynamicObject = serde_json::from_value(object).unwrap();
+            watched_view(&object, ClusterView::from_object).unwrap()
+        };
+        let meta = |annotations: Value| {
+            serde_json::json!({"name": "prod", "namespace": "team-a", "uid": "u", "annotations": annotations,
+                "managedFields": [{"manager": "clusterctl", "fieldsV1": {"f:spec": {"f:paused": {}}}}]})
+        };
+        let opted_in = serde_json::json!({"cluster.x-k8s.io/kubelet-authentication": "true"});
+        let v1beta1 = watched(
+            serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "Cluster",
+            "metadata": meta(opted_in.clone()), "spec": {"paused": true, "controlPlaneEndpoint": {"host": "h", "port": 6443}}}),
+        );
+        assert_eq!(v1beta1.paused, Some(attestation::machine::Paused::Spec));
+        let v1beta2 = watched(
+            serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": meta(serde_json::json!({"cluster.x-k8s.io/kubelet-authentication": "true", "cluster.x-k8s.io/paused": ""})),
+            "spec": {}}),
+        );
+        assert_eq!(v1beta2.paused, Some(attestation::machine::Paused::Annotation));
+        assert!(v1beta2.opted_in);
+        let running = watched(
+            serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": meta(opted_in), "spec": {"paused": false}}),
+        );
+        assert_eq!(running.paused, None);
     }
 }
