@@ -13,8 +13,13 @@
 //!   and the last note ("`CertificateIssued` x 137 in 10s: Machines a, b, c, …");
 //! - the queue holds [`Budget::queue`] Events; beyond that they are dropped and counted, never
 //!   waited for. The CSR's conditions are the record; Events are the report.
+//!
+//! Nothing is written for a paused Cluster (SPEC section 7): the fleet tells the sink which
+//! Clusters are paused ([`EventSink::withhold`]), and what a worker queued before its Cluster
+//! was paused, or folded, is dropped when its turn comes (counted as `paused`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use attestation::machine::ClusterView;
@@ -175,6 +180,20 @@ impl Folder {
 pub struct EventSink {
     sender: mpsc::Sender<Report>,
     outcomes: Outcomes,
+    /// UIDs of the paused Clusters, whose Events are not written.
+    withheld: Withheld,
+}
+
+/// UIDs of the Clusters whose Events are not written (paused), shared with the writing task.
+#[derive(Debug, Clone, Default)]
+struct Withheld(Arc<RwLock<HashSet<String>>>);
+
+impl Withheld {
+    /// Whether `report`'s Cluster is paused.
+    fn holds(&self, report: &Report) -> bool {
+        let uid = report.cluster.uid.as_deref().unwrap_or_default();
+        !uid.is_empty() && crate::locks::read(&self.0).contains(uid)
+    }
 }
 
 /// `node_attestation_events_total{outcome}`.
@@ -197,8 +216,24 @@ impl EventSink {
     pub fn start(recorder: Recorder, budget: Budget, outcomes: Family<EventOutcomeLabels, Counter>) -> Self {
         let (sender, receiver) = mpsc::channel(budget.queue.max(1));
         let outcomes = Outcomes(outcomes);
-        tokio::spawn(write_loop(recorder, budget, receiver, outcomes.clone()));
-        Self { sender, outcomes }
+        let withheld = Withheld::default();
+        let writer = Writer {
+            recorder,
+            outcomes: outcomes.clone(),
+            withheld: withheld.clone(),
+        };
+        tokio::spawn(write_loop(writer, budget, receiver));
+        Self {
+            sender,
+            outcomes,
+            withheld,
+        }
+    }
+
+    /// From now on, Events of the Clusters of `uids` (the paused ones) are not written, those
+    /// queued already included; the others' are again.
+    pub fn withhold(&self, uids: HashSet<String>) {
+        *crate::locks::write(&self.withheld.0) = uids;
     }
 
     /// Queues `report`; never waits.
@@ -215,7 +250,26 @@ impl EventSink {
     }
 }
 
-async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Receiver<Report>, outcomes: Outcomes) {
+/// What the writing task writes with.
+struct Writer {
+    recorder: Recorder,
+    outcomes: Outcomes,
+    withheld: Withheld,
+}
+
+impl Writer {
+    /// Writes `report` unless its Cluster is paused.
+    async fn write(&self, report: &Report) {
+        if self.withheld.holds(report) {
+            self.outcomes.count("paused");
+            return;
+        }
+        write(&self.recorder, report).await;
+        self.outcomes.count("written");
+    }
+}
+
+async fn write_loop(writer: Writer, budget: Budget, mut receiver: mpsc::Receiver<Report>) {
     let mut folder = Folder::new(budget, Instant::now());
     let mut tick = tokio::time::interval(budget.fold_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -223,26 +277,26 @@ async fn write_loop(recorder: Recorder, budget: Budget, mut receiver: mpsc::Rece
         tokio::select! {
             report = receiver.recv() => {
                 let Some(report) = report else { break };
+                if writer.withheld.holds(&report) {
+                    writer.outcomes.count("paused");
+                    continue;
+                }
                 match folder.offer(report, Instant::now()) {
-                    Some(report) => {
-                        write(&recorder, &report).await;
-                        outcomes.count("written");
-                    }
+                    Some(report) => writer.write(&report).await,
                     None => {
-                        outcomes.count("folded");
+                        writer.outcomes.count("folded");
                     }
                 }
             }
             _ = tick.tick() => {
                 for report in folder.flush() {
-                    write(&recorder, &report).await;
-                    outcomes.count("written");
+                    writer.write(&report).await;
                 }
             }
         }
     }
     for report in folder.flush() {
-        write(&recorder, &report).await;
+        writer.write(&report).await;
     }
 }
 
@@ -400,11 +454,36 @@ mod tests {
         let sink = EventSink {
             sender,
             outcomes: Outcomes(Family::default()),
+            withheld: Withheld::default(),
         };
         for i in 0..5 {
             sink.record(issued(i, "a"));
         }
         assert_eq!(sink.outcomes.count("dropped"), 3, "three dropped before");
+    }
+
+    #[test]
+    fn a_paused_clusters_events_are_withheld_and_the_others_are_not() {
+        let withheld = Withheld::default();
+        assert!(!withheld.holds(&issued(0, "a")));
+        *crate::locks::write(&withheld.0) = HashSet::from(["a".to_owned()]);
+        assert!(withheld.holds(&issued(0, "a")), "queued before the pause: not written");
+        assert!(!withheld.holds(&issued(1, "b")));
+        let mut no_uid = issued(2, "a");
+        no_uid.cluster.uid = None;
+        assert!(!withheld.holds(&no_uid));
+        // A fold is an Event on its Cluster: withheld alike.
+        let start = Instant::now();
+        let mut folder = Folder::new(
+            Budget {
+                burst: 0.0,
+                ..Budget::default()
+            },
+            start,
+        );
+        assert!(folder.offer(issued(3, "a"), start).is_none());
+        let folds = folder.flush();
+        assert!(folds.iter().all(|fold| withheld.holds(fold)), "{folds:?}");
     }
 
     #[test]

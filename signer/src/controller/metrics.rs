@@ -35,16 +35,20 @@ pub enum ClusterState {
     SharedCa,
     /// Just gained: its CSRs are watched, its Machines still being listed (nothing is decided).
     Listing,
+    /// Paused (`spec.paused` or the `cluster.x-k8s.io/paused` annotation): no worker runs, its
+    /// CSRs stay pending and nothing is written for it until it is unpaused (SPEC section 7).
+    Paused,
 }
 
 impl ClusterState {
     /// Every state, for resetting gauges.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Ready,
         Self::Unreachable,
         Self::SecretsInvalid,
         Self::SharedCa,
         Self::Listing,
+        Self::Paused,
     ];
 }
 
@@ -121,10 +125,11 @@ struct BindingLabels {
     binding: String,
 }
 
-/// What became of an Event: `written`, `folded` (into a summary Event), `dropped` (queue full).
+/// What became of an Event: `written`, `folded` (into a summary Event), `dropped` (queue full),
+/// `paused` (not written: its Cluster was paused before it was).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventOutcomeLabels {
-    /// `written`, `folded` or `dropped`.
+    /// `written`, `folded`, `dropped` or `paused`.
     pub outcome: String,
 }
 
@@ -584,7 +589,12 @@ mod tests {
             decision: "Denied".into(),
             reason: "MachineNotFound".into(),
         });
-        m.cluster_states(&[(ClusterState::Ready, 2), (ClusterState::SharedCa, 1)]);
+        m.cluster_states(&[
+            (ClusterState::Ready, 2),
+            (ClusterState::SharedCa, 1),
+            (ClusterState::Paused, 1),
+            (ClusterState::Paused, 1),
+        ]);
         m.issued_after(0.3);
         let text = encode(&registry);
         assert!(
@@ -592,6 +602,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"node_attestation_clusters{state="Ready"} 2"#), "{text}");
+        assert!(
+            text.contains(r#"node_attestation_clusters{state="Paused"} 2"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"node_attestation_clusters{state="Unreachable"} 0"#),
             "{text}"

@@ -101,7 +101,9 @@ impl SecretReads {
     }
 
     /// Reads the Secrets that are due (see the module's documentation) and records what they
-    /// gave; returns the served Clusters to start a worker for (new, or Secrets changed).
+    /// gave; returns the served Clusters (`mine`) to start a worker for (new, or Secrets
+    /// changed). Of `theirs` (other replicas' Clusters, and this replica's paused ones) only the
+    /// CA is read, for the shared-CA comparison.
     pub(super) async fn read_due(
         &mut self,
         mine: &[ClusterView],

@@ -29,6 +29,26 @@
 //! replica ([`membership::View::owners`]), still compares CAs with every opted-in Cluster
 //! (a shared CA is refused whichever replicas own the two), and logs, counts and records an
 //! Event on the Cluster for each hand-over.
+//!
+//! A paused Cluster (`spec.paused`, or the `cluster.x-k8s.io/paused` annotation: SPEC section 7,
+//! [`attestation::machine::Paused`]) keeps its place in the shard and its cached Machines, but
+//! no worker runs for it: a running one is stopped (its in-flight CSR tasks are aborted with
+//! it), so nothing decides its CSRs, which stay pending, and no claim, certificate, token,
+//! binding or RBAC is written for it. The fleet writes nothing for it either: no Event (no
+//! `SharedCa`, `SecretsInvalid` or hand-over Event names it), only its `<cluster>-ca` is read,
+//! for the shared-CA comparison below. It is counted as `Paused` and logged once when it
+//! becomes paused and once when it is unpaused; the Cluster watch's change then makes the next
+//! pass start its worker again, which resumes what a stopped one left half done (a claim of
+//! this CSR's passes without a second write, an approved CSR without a certificate is decided
+//! again and signed: SPEC section 3).
+//!
+//! A paused Cluster still counts for the shared-CA refusal: pausing stops this signer, not the
+//! workload cluster, whose apiserver still trusts every certificate its CA signs. Two Clusters
+//! with one CA are one trust domain whether or not one of them is paused, so a certificate the
+//! signer issued for the unpaused one would authenticate as that node in the paused one; and a
+//! paused copy of a Cluster (a backup restored beside it, a `clusterctl move` target left
+//! paused in the same management cluster) is exactly the duplicate the refusal is there for.
+//! Not counting it would also make an unpause flip the other Cluster from served to refused.
 
 pub mod credentials;
 pub mod membership;
@@ -77,6 +97,8 @@ pub struct Fleet {
     opted_in: Option<HashSet<String>>,
     /// What was last read of each opted-in Cluster's Secrets.
     secrets: SecretReads,
+    /// Keys of the Clusters assigned to this replica that were paused at the last reconcile.
+    paused: HashSet<String>,
 }
 
 impl Fleet {
@@ -90,6 +112,7 @@ impl Fleet {
             problems: HashMap::new(),
             owned: HashSet::new(),
             opted_in: None,
+            paused: HashSet::new(),
         }
     }
 
@@ -120,32 +143,47 @@ impl Fleet {
 
     #[tracing::instrument(skip_all)]
     async fn reconcile(&mut self) {
-        let before: Vec<String> = self.problems.keys().chain(self.running.keys()).cloned().collect();
+        let before: Vec<String> = self
+            .problems
+            .keys()
+            .chain(self.running.keys())
+            .chain(&self.paused)
+            .cloned()
+            .collect();
         let view = self.scope.view();
         let opted_in = self.shared.management.clusters.select(|c| c.opted_in);
         let Assignment { mine, theirs, owners } = assign(view.as_ref(), opted_in);
-        // Released Clusters stop before anything slow happens, and their Machines are dropped;
-        // gained ones start listing theirs.
+        // Paused Clusters stay assigned (an unpause is no hand-over) and keep their cached
+        // objects (their workers start without listing them again), but are not served.
+        let (paused, served): (Vec<ClusterView>, Vec<ClusterView>) =
+            mine.iter().cloned().partition(ClusterView::is_paused);
+        // Released and paused Clusters stop before anything slow happens; released ones'
+        // Machines are dropped, gained ones start listing theirs.
         let mine_keys: HashSet<String> = mine.iter().map(ClusterView::key).collect();
-        self.running.retain(|k, _| mine_keys.contains(k));
+        let served_keys: HashSet<String> = served.iter().map(ClusterView::key).collect();
+        self.running.retain(|k, _| served_keys.contains(k));
         self.shared.management.serve(&mine);
         if let Some(view) = &view {
             self.hand_over(view, &owners, &mine, &theirs);
         }
-        self.owned = mine_keys.clone();
+        self.owned = mine_keys;
         self.opted_in = Some(mine.iter().chain(&theirs).map(ClusterView::key).collect());
+        self.note_pauses(&paused, &served_keys);
 
         let opted_in_now = self.opted_in.clone().unwrap_or_default();
         self.secrets.known.retain(|k, _| opted_in_now.contains(k));
         let now = Instant::now();
         let running = &self.running;
+        // A paused Cluster's CA is read as another replica's is: only to compare (see the
+        // module's documentation).
+        let compared_only: Vec<ClusterView> = theirs.iter().chain(&paused).cloned().collect();
         let loaded = self
             .secrets
-            .read_due(&mine, &theirs, now, |k| running.get(k).map(|r| r.digest))
+            .read_due(&served, &compared_only, now, |k| running.get(k).map(|r| r.digest))
             .await;
 
         let mut problems: HashMap<String, (ClusterState, String)> = HashMap::new();
-        for cluster in &mine {
+        for cluster in &served {
             if let Some(Known {
                 own: Some(Err(why)), ..
             }) = self.secrets.known.get(&cluster.key())
@@ -156,17 +194,19 @@ impl Fleet {
             }
         }
         // Two Clusters with one CA: a certificate for either works in both. Refuse both, even
-        // when another replica serves the other one (that replica refuses its own side).
+        // when another replica serves the other one (that replica refuses its own side), and
+        // even when the other one is paused (the module's documentation says why); a paused
+        // one is not refused itself: it is not served, and gets no Event.
         let mut by_ca: HashMap<[u8; 32], Vec<String>> = HashMap::new();
         for (k, known) in &self.secrets.known {
-            let compared = known.own.is_some() || !mine_keys.is_empty();
+            let compared = known.own.is_some() || !served_keys.is_empty();
             if let (Some(fingerprint), true) = (known.ca_fingerprint, compared) {
                 by_ca.entry(fingerprint).or_default().push(k.clone());
             }
         }
         let mut loaded = loaded;
         for sharing in by_ca.values().filter(|keys| keys.len() > 1) {
-            for k in sharing.iter().filter(|k| mine_keys.contains(*k)) {
+            for k in sharing.iter().filter(|k| served_keys.contains(*k)) {
                 let others: Vec<&String> = sharing.iter().filter(|o| *o != k).collect();
                 problems.insert(
                     k.clone(),
@@ -229,13 +269,37 @@ impl Fleet {
         }
         for k in before
             .iter()
-            .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k))
+            .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k) && !self.paused.contains(*k))
         {
             tracing::info!(cluster = %k, "no longer served");
             self.shared.metrics.forget_cluster(k);
         }
         self.problems = problems;
         self.report();
+    }
+
+    /// Logs each assigned Cluster that became paused (once, and forgets its per-cluster series:
+    /// nothing watches it now) and each that was paused and is served again (once), has the
+    /// Event sink withhold the paused ones' Events (a stopped worker's queued ones too), and
+    /// keeps the paused ones for the next pass and the `Paused` count.
+    fn note_pauses(&mut self, paused: &[ClusterView], served: &HashSet<String>) {
+        let mut now_paused = HashSet::new();
+        for cluster in paused {
+            let k = cluster.key();
+            if !self.paused.contains(&k) {
+                let how = cluster.paused.map(|p| p.to_string()).unwrap_or_default();
+                tracing::info!(cluster = %k, paused = %how, "Cluster paused: its worker is stopped, its CSRs stay pending and nothing is written for it until it is unpaused");
+                self.shared.metrics.forget_cluster(&k);
+            }
+            now_paused.insert(k);
+        }
+        for k in self.paused.iter().filter(|k| served.contains(*k)) {
+            tracing::info!(cluster = %k, "Cluster unpaused: serving it again");
+        }
+        self.shared
+            .events
+            .withhold(paused.iter().map(|cluster| cluster.uid.clone()).collect());
+        self.paused = now_paused;
     }
 
     /// Reports after half a second: a hand-over of thousands of Clusters changes thousands of
@@ -250,6 +314,10 @@ impl Fleet {
     pub fn report(&self) {
         let mut counts: Vec<(ClusterState, i64)> = self.problems.values().map(|(s, _)| (*s, 1)).collect();
         counts.extend(self.running.values().map(|r| (r.worker.state(), 1)));
+        counts.push((
+            ClusterState::Paused,
+            i64::try_from(self.paused.len()).unwrap_or(i64::MAX),
+        ));
         self.shared.metrics.cluster_states(&counts);
         let cas: Vec<(String, i64)> = self
             .running
@@ -281,7 +349,9 @@ impl Fleet {
 
     /// Logs, counts and records (in the background) the Clusters this replica gained and
     /// released since the last reconcile. The first reconcile's Clusters are gained (taken from
-    /// whoever served them before); a Cluster opted in or out meanwhile is not a hand-over.
+    /// whoever served them before); a Cluster opted in or out meanwhile is not a hand-over. A
+    /// paused Cluster's hand-over is logged and counted but gets no Event: nothing is written
+    /// for a paused Cluster.
     fn hand_over(&self, view: &View, owners: &HashMap<String, String>, mine: &[ClusterView], theirs: &[ClusterView]) {
         let metrics = &self.shared.metrics;
         metrics.shard_clusters_owned(mine.len());
@@ -304,6 +374,9 @@ impl Fleet {
         let mut events = Vec::new();
         for cluster in &gained {
             tracing::info!(cluster = %cluster.key(), replica = %view.me, direction = "gained", members = %view.members_text(), "shard hand-over");
+            if cluster.is_paused() {
+                continue;
+            }
             events.push((
                 cluster_reference(cluster),
                 "ShardAcquired",
@@ -317,6 +390,9 @@ impl Fleet {
         for cluster in &released {
             let to = owners.get(&cluster.uid).map_or("no live replica", String::as_str);
             tracing::info!(cluster = %cluster.key(), replica = %view.me, to, fenced = view.fenced, direction = "released", "shard hand-over");
+            if cluster.is_paused() {
+                continue;
+            }
             events.push((
                 cluster_reference(cluster),
                 "ShardReleased",

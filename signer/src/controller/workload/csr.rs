@@ -74,6 +74,12 @@ impl Worker {
         let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
             return Answer::Idle;
         };
+        // Opted out or paused since this worker started: it is about to be stopped, and nothing
+        // is decided or written meanwhile; a paused Cluster's CSRs stay pending (the worker an
+        // unpause starts queues them again).
+        let Some(cluster) = self.served_cluster() else {
+            return Answer::Idle;
+        };
         if lock(&self.recovering).remove(name) && record::maybe_unrecorded(&csr, OffsetDateTime::now_utc()) {
             // Signed within the window before this worker started: recorded unless it is.
             self.record_issuance(&csr, None).await;
@@ -90,9 +96,6 @@ impl Worker {
             tracing::debug!("finished by this worker; the watch cache has not caught up yet");
             return Answer::Idle;
         }
-        let Some(cluster) = self.shared.management.clusters.get(&self.key).filter(|c| c.opted_in) else {
-            return Answer::Idle;
-        };
         // A Cluster just gained is decided only once its Machines are listed: an unlisted
         // Machine would be denied MachineNotFound, which is final.
         let Some(inventory) = self.shared.management.inventory(&cluster) else {
@@ -179,6 +182,12 @@ impl Worker {
         }
         if let Some(target) = &decision.target {
             tracing::Span::current().record("machine", tracing::field::display(&target.name));
+        }
+        if self.served_cluster().is_none_or(|now| now.uid != cluster.uid) {
+            // Paused (or opted out, or replaced) while this CSR was decided (a cloud call, a
+            // fresh read): nothing is written.
+            tracing::debug!("the Cluster is no longer served as it was; the CSR stays pending");
+            return Answer::Idle;
         }
         let approved_already = stage(&csr) == Stage::Approved;
         // A decision applied without a request says nothing about the apiservers.

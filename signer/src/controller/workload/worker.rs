@@ -145,6 +145,18 @@ impl Worker {
             .is_some_and(|cluster| self.shared.management.listed(&cluster))
     }
 
+    /// Its Cluster as the management cache holds it now, while it is still to be served: opted
+    /// in and not paused. `None` when it is gone, opted out or paused since the fleet started
+    /// this worker: the fleet stops the worker at its next pass (within a second of the change),
+    /// and until then no step starts a decision or a write (SPEC section 7, "Paused Clusters").
+    pub(super) fn served_cluster(&self) -> Option<ClusterView> {
+        self.shared
+            .management
+            .clusters
+            .get(&self.key)
+            .filter(|cluster| cluster.opted_in && !cluster.is_paused())
+    }
+
     /// When the oldest CSR still waiting for this signer was created (none waiting: `None`).
     pub fn oldest_waiting(&self) -> Option<OffsetDateTime> {
         self.csrs

@@ -37,9 +37,13 @@ impl Worker {
         let mut states: [BindingState; LEGACY_AUTOAPPROVE_BINDINGS.len()] = Default::default();
         let mut reported = Reported::default();
         loop {
-            let outside = self.outside_attestation(&mut reported);
-            for (binding, state) in LEGACY_AUTOAPPROVE_BINDINGS.iter().zip(states.iter_mut()) {
-                self.legacy_binding(&api, binding, &outside, state).await;
+            // A Cluster paused since the worker started gets no binding removed and no report
+            // (the fleet stops this worker at its next pass).
+            if self.served_cluster().is_some() {
+                let outside = self.outside_attestation(&mut reported);
+                for (binding, state) in LEGACY_AUTOAPPROVE_BINDINGS.iter().zip(states.iter_mut()) {
+                    self.legacy_binding(&api, binding, &outside, state).await;
+                }
             }
             tokio::time::sleep(self.shared.settings.resync).await;
         }
