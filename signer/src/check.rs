@@ -2,7 +2,8 @@
 //!
 //! The same rule engine and verifiers the controller runs, fed from files instead of watches.
 //! Without `--cluster` the Cluster is taken as opted in with the default attestors (`tpm`);
-//! the CSR's first sight is its creationTimestamp.
+//! the CSR's first sight is its creationTimestamp. A paused Cluster's CSR is decided all the
+//! same, with a note that the signer takes no decision for it until it is unpaused.
 
 use std::path::{Path, PathBuf};
 
@@ -231,6 +232,9 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             if !cluster.opted_in {
                 bail!("{}", crate::render::not_opted_in(&cluster));
             }
+            // Paused, the signer decides nothing for it now: the decision is still shown (what
+            // it will be once unpaused), and said to wait.
+            assumptions.extend(crate::render::paused(&cluster));
             cluster
         }
         None => {

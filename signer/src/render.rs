@@ -46,6 +46,25 @@ pub fn outcome(outcome: &Outcome) -> String {
     }
 }
 
+/// What the signer does for `cluster` while it is paused (SPEC section 7), naming how it is
+/// paused; `None` when it is not.
+pub fn paused(cluster: &ClusterView) -> Option<String> {
+    let how = cluster.paused?;
+    Some(format!(
+        "Cluster {} is paused ({how}): the signer decides none of its CSRs and writes nothing for it (no claim, certificate, join token, binding or RBAC change) until it is unpaused; its CSRs stay pending, and the decision shown is the one it would take once the Cluster is unpaused",
+        named(cluster)
+    ))
+}
+
+/// `<namespace>/<name>`, or the name alone when the namespace is not known.
+fn named(cluster: &ClusterView) -> String {
+    if cluster.namespace.is_empty() {
+        cluster.name.clone()
+    } else {
+        cluster.key()
+    }
+}
+
 /// Why the signer ignores `cluster`, naming what its opt-in annotation holds.
 pub fn not_opted_in(cluster: &ClusterView) -> String {
     let why = match cluster.annotation(ANNOTATION_OPT_IN) {
@@ -55,12 +74,10 @@ pub fn not_opted_in(cluster: &ClusterView) -> String {
             attestation::identity::truncate(value, 40)
         ),
     };
-    let named = if cluster.namespace.is_empty() {
-        cluster.name.clone()
-    } else {
-        cluster.key()
-    };
-    format!("Cluster {named} is not opted in ({why}): the signer ignores its CSRs")
+    format!(
+        "Cluster {} is not opted in ({why}): the signer ignores its CSRs",
+        named(cluster)
+    )
 }
 
 #[cfg(test)]
@@ -78,5 +95,23 @@ mod tests {
             "{said}"
         );
         assert!(said.starts_with("Cluster team-a/prod is not opted in"), "{said}");
+    }
+
+    #[test]
+    fn a_paused_cluster_is_told_how_it_is_paused_and_what_waits() {
+        assert_eq!(paused(&ClusterView::named("prod", "team-a", &["tpm"])), None);
+        let mut cluster = ClusterView::named("prod", "team-a", &["tpm"]);
+        cluster.paused = Some(attestation::machine::Paused::Annotation);
+        let said = paused(&cluster).unwrap();
+        assert!(
+            said.starts_with("Cluster team-a/prod is paused (it carries the cluster.x-k8s.io/paused annotation)"),
+            "{said}"
+        );
+        assert!(
+            said.contains("stay pending") && said.contains("once the Cluster is unpaused"),
+            "{said}"
+        );
+        cluster.paused = Some(attestation::machine::Paused::Spec);
+        assert!(paused(&cluster).unwrap().contains("(spec.paused is true)"));
     }
 }

@@ -259,6 +259,49 @@ fn a_cluster_that_did_not_opt_in_is_refused() {
 }
 
 #[test]
+fn a_paused_cluster_is_decided_with_a_note_that_the_signer_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = std::fs::read_to_string(root().join("examples/cluster.yaml")).unwrap();
+    let forms = [
+        (
+            "spec",
+            example.replace("spec:\n", "spec:\n  paused: true\n"),
+            "spec.paused is true",
+        ),
+        (
+            "annotation",
+            example.replace(
+                "  annotations:\n",
+                "  annotations:\n    cluster.x-k8s.io/paused: \"\"\n",
+            ),
+            "cluster.x-k8s.io/paused annotation",
+        ),
+    ];
+    for (form, text, said) in forms {
+        assert_ne!(text, example, "{form}: the example changed shape");
+        let cluster = dir.path().join(format!("cluster-{form}.yaml"));
+        std::fs::write(&cluster, text).unwrap();
+        let mut args: Vec<String> = with_example(&["--csr", "examples/csr-worker-0.yaml", "--output", "json"]);
+        let at = args.iter().position(|a| a == "examples/cluster.yaml").unwrap();
+        args[at] = cluster.to_str().unwrap().to_owned();
+        let output = run(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{form}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["decision"], "Approved", "{form}: decided as once unpaused");
+        let notes = report["assumptions"].to_string();
+        assert!(
+            notes.contains("Cluster team-a/prod is paused") && notes.contains(said) && notes.contains("stay pending"),
+            "{form}: {notes}"
+        );
+    }
+}
+
+#[test]
 fn a_manifest_without_a_kind_is_said_to_have_none_and_what_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let none = dir.path().join("none.yaml");

@@ -210,6 +210,8 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     if !facts.cluster.opted_in {
         notes.push(crate::render::not_opted_in(&facts.cluster));
     }
+    // Paused: the running signer decides and writes nothing for it (SPEC section 7).
+    notes.extend(crate::render::paused(&facts.cluster));
     let workload = match &args.workload_kubeconfig {
         Some(path) => {
             let bytes = zeroize::Zeroizing::new(
@@ -267,7 +269,12 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
                         "{}",
                         serde_json::to_string_pretty(&outside_node_json(&cluster_key, node, &outside, &notes))?
                     ),
-                    OutputFormat::Text => print!("Cluster {cluster_key}, node {node}: no CSR of it\n{text}"),
+                    OutputFormat::Text => {
+                        print!("Cluster {cluster_key}, node {node}: no CSR of it\n{text}");
+                        for note in &notes {
+                            println!("note: {note}");
+                        }
+                    }
                 }
                 return Ok(());
             }
