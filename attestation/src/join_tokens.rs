@@ -315,6 +315,12 @@ pub enum NotAToken {
     /// Another type.
     #[error("its type is {0:?}, not bootstrap.kubernetes.io/token")]
     Type(Option<String>),
+    /// Its type is not a bootstrap token's, as the apiserver found when it refused
+    /// [`read_patch`]'s test: nothing of the Secret was read.
+    #[error(
+        "it is not of type bootstrap.kubernetes.io/token (the apiserver refused the type test; nothing of it was read)"
+    )]
+    TypeTestFailed,
     /// Its `token-id` is another one.
     #[error("its token-id is {found:?}, not {expected:?}")]
     TokenId {
@@ -371,9 +377,59 @@ fn whole_seconds(at: OffsetDateTime) -> OffsetDateTime {
     at.replace_nanosecond(0).unwrap_or(at)
 }
 
+/// The JSON Patch (RFC 6902) the signer reads a token Secret with (SPEC section 7, revision 5:
+/// no read of Secrets it does not manage). RBAC cannot narrow `get` to one Secret type or to a
+/// name prefix, so the signer's workload role has no `get` on Secrets at all: it reads a token
+/// with a PATCH whose only operation tests that the Secret is a bootstrap token. The apiserver
+/// applies that test before anything else: a Secret of any other type is refused (422) and none
+/// of its content comes back, on every Kubernetes version, with or without an admission policy;
+/// a bootstrap token's patch changes nothing, so nothing is written, and the answer is the Secret.
+pub fn read_patch() -> serde_json::Value {
+    serde_json::json!([is_a_token()])
+}
+
+/// The JSON Patch that moves a token's `expiration` to `expiration` (an RFC 3339 time, as
+/// [`format_expiration`] writes it), with `resource_version` as precondition (the apiserver
+/// answers 409 when the Secret changed since it was read). It changes nothing else, and, like
+/// [`read_patch`], applies only to a bootstrap token: the admission policy shipped with the
+/// workload role refuses any other change, and where no such policy exists (Kubernetes before
+/// 1.30) this form is the only Secret write the signer can make.
+pub fn extension_patch(resource_version: &str, expiration: &str) -> serde_json::Value {
+    use base64::Engine;
+    serde_json::json!([
+        is_a_token(),
+        {"op": "replace", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/data/expiration",
+         "value": base64::engine::general_purpose::STANDARD.encode(expiration)},
+    ])
+}
+
+fn is_a_token() -> serde_json::Value {
+    serde_json::json!({"op": "test", "path": "/type", "value": SECRET_TYPE_BOOTSTRAP_TOKEN})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every Secret write and read the signer makes tests first that the Secret is a bootstrap
+    /// token, and an extension changes `expiration` only, under the read resourceVersion.
+    #[test]
+    fn token_patches_test_the_type_first_and_change_only_the_expiration() {
+        let read = read_patch();
+        assert_eq!(
+            read,
+            serde_json::json!([{"op": "test", "path": "/type", "value": "bootstrap.kubernetes.io/token"}])
+        );
+        let extend = extension_patch("41", "2027-01-01T00:00:00Z");
+        let ops = extend.as_array().unwrap();
+        assert_eq!(ops[0], read[0]);
+        assert_eq!(ops.len(), 3);
+        assert_eq!(ops[1]["path"], "/metadata/resourceVersion");
+        assert_eq!(ops[1]["value"], "41");
+        assert_eq!(ops[2]["path"], "/data/expiration");
+        assert_eq!(ops[2]["value"], "MjAyNy0wMS0wMVQwMDowMDowMFo=");
+    }
 
     fn at(s: &str) -> OffsetDateTime {
         OffsetDateTime::parse(s, &Rfc3339).unwrap()

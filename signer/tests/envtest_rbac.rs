@@ -38,6 +38,44 @@ fn as_user(env: &Envtest, user: &str, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// Reads Secret `name` in kube-system as the signer's workload user (`kubeconfig`), the way its
+/// join-token duty does: a JSON Patch that only tests the Secret's type. The Secret as JSON, or
+/// the apiserver's refusal.
+fn read_as_signer(kubeconfig: &std::path::Path, name: &str) -> Result<String, String> {
+    let patch: json_patch::Patch = serde_json::from_value(attestation::join_tokens::read_patch()).unwrap();
+    patch_as_signer(kubeconfig, name, &kube::api::Patch::Json::<Value>(patch))
+}
+
+/// Patches Secret `name` in kube-system as the signer's workload user (`kubeconfig`): the Secret
+/// as JSON, or the apiserver's refusal. (kubectl patch reads the object first, which the signer's
+/// role does not allow: its own requests do not.)
+fn patch_as_signer(
+    kubeconfig: &std::path::Path,
+    name: &str,
+    patch: &kube::api::Patch<Value>,
+) -> Result<String, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+        let client = kube::Client::try_from(config).unwrap();
+        let api: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client, "kube-system");
+        api.patch(name, &kube::api::PatchParams::default(), patch)
+            .await
+            .map(|secret| serde_json::to_string(&secret).unwrap())
+            .map_err(|e| format!("{e:?}"))
+    })
+}
+
+fn merge(patch: &str) -> kube::api::Patch<Value> {
+    kube::api::Patch::Merge(serde_json::from_str(patch).unwrap())
+}
+
 fn allowed(env: &Envtest, user: &str, args: &[&str]) {
     let (ok, text) = as_user(env, user, args);
     assert!(ok, "{user} must be allowed {args:?}: {text}");
@@ -189,43 +227,46 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
                "metadata": {"name": "cloud-credentials", "namespace": "kube-system"}, "stringData": {"key": "value"}}),
     ]);
     let patch = r#"{"data":{"expiration":"MjAzMS0wMS0wMVQwMDowMDowMFo="}}"#;
-    allowed(
+    // SPEC section 7 (revision 5): no read of a Secret the signer does not manage. RBAC cannot
+    // name a type or a prefix, so no Secret is readable at all, its own tokens included; it
+    // reads a token with the type-testing JSON Patch the duty sends.
+    forbidden(
         &env,
         WORKLOAD_USER,
         &["get", "secret", "-n", "kube-system", "bootstrap-token-rbac01"],
     );
-    forbidden(&env, WORKLOAD_USER, &["get", "secrets", "-n", "kube-system"]);
-    forbidden(&env, WORKLOAD_USER, &["get", "secret", "-n", "default", "anything"]);
-    allowed(
+    forbidden(
         &env,
         WORKLOAD_USER,
-        &[
-            "patch",
-            "secret",
-            "-n",
-            "kube-system",
-            "bootstrap-token-rbac01",
-            "--type",
-            "merge",
-            "-p",
-            patch,
-        ],
+        &["get", "secret", "-n", "kube-system", "cloud-credentials"],
     );
+    // kubectl patch reads before it patches: the signer's own client (its duty's request) does not.
+    let (cert, key) = env.client_certificate(WORKLOAD_USER, &[]);
+    let signer_kubeconfig = env.kubeconfig_for_certificate("signer", &cert, &key);
+    let read = |name: &str| read_as_signer(&signer_kubeconfig, name);
+    let text = read("bootstrap-token-rbac01").expect("the type-testing read returns the token");
+    assert!(text.contains(r#""token-id":"cmJhYzAx""#), "{text}");
     for other in ["bootstrap-token-fake01", "cloud-credentials"] {
-        refused(
-            &env,
-            WORKLOAD_USER,
-            &[
-                "patch",
-                "secret",
-                "-n",
-                "kube-system",
-                other,
-                "--type",
-                "merge",
-                "-p",
-                patch,
-            ],
+        let refusal = read(other).expect_err("not a token");
+        assert!(!refusal.contains("dmFsdWU="), "{other} must not be read: {refusal}");
+    }
+    // What the policy bounds: a token's other data, type, labels are not the signer's to change.
+    for bad in [
+        r#"{"data":{"token-secret":"YWFhYWFhYWFhYWFhYWFhYQ=="}}"#,
+        r#"{"metadata":{"labels":{"x":"y"}}}"#,
+        r#"{"data":{"auth-extra-groups":"c3lzdGVtOm1hc3RlcnM="}}"#,
+    ] {
+        let refusal = patch_as_signer(&signer_kubeconfig, "bootstrap-token-rbac01", &merge(bad)).expect_err(bad);
+        assert!(refusal.contains("ValidatingAdmissionPolicy"), "{bad}: {refusal}");
+    }
+    forbidden(&env, WORKLOAD_USER, &["get", "secrets", "-n", "kube-system"]);
+    forbidden(&env, WORKLOAD_USER, &["get", "secret", "-n", "default", "anything"]);
+    patch_as_signer(&signer_kubeconfig, "bootstrap-token-rbac01", &merge(patch)).expect("an expiration change");
+    for other in ["bootstrap-token-fake01", "cloud-credentials"] {
+        let refusal = patch_as_signer(&signer_kubeconfig, other, &merge(patch)).expect_err(other);
+        assert!(
+            refusal.contains("ValidatingAdmissionPolicy") && !refusal.contains("dmFsdWU="),
+            "{other}: {refusal}"
         );
         refused(&env, WORKLOAD_USER, &["delete", "secret", "-n", "kube-system", other]);
     }
@@ -243,6 +284,21 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
             "bootstrap.kubernetes.io/token",
         ],
     );
+    // Without the admission policy (as on Kubernetes before 1.30), the signer's own read still
+    // gets nothing of a Secret that is not a bootstrap token: the apiserver refuses the type
+    // test (422) before anything is written or returned.
+    env.kubectl(&[
+        "delete",
+        "validatingadmissionpolicybinding",
+        "node-attestation-signer-join-tokens",
+    ]);
+    for other in ["bootstrap-token-fake01", "cloud-credentials"] {
+        let refusal = read(other).expect_err("not a token");
+        assert!(
+            refusal.contains("422") && !refusal.contains("dmFsdWU=") && !refusal.contains("ZmFrZTAx"),
+            "{other} must be refused by the type test: {refusal}"
+        );
+    }
     allowed(
         &env,
         WORKLOAD_USER,

@@ -3,7 +3,9 @@
 //! claimed Machine's is deleted once its node has joined. What to do with which token is
 //! [`attestation::join_tokens`]'s (pure, with the bootstrap provider's thresholds written
 //! down); this duty reads the token Secrets, writes what it says, and reports each change as
-//! an Event on the MachinePool or Machine and a counter.
+//! an Event on the MachinePool or Machine and a counter. Its workload role has no `get` on
+//! Secrets: it reads a token with a PATCH that tests the Secret's type and changes nothing
+//! ([`join_tokens::read_patch`]), so the apiserver never hands it another Secret.
 //!
 //! It never creates a token Secret (the bootstrap provider re-creates a pool's missing token,
 //! and two creators would fight), writes only Secrets of type `bootstrap.kubernetes.io/token`
@@ -159,9 +161,13 @@ impl Worker {
     /// Keeps pool token `id` valid ([`join_tokens::keep`]).
     async fn keep_pool_token(&self, api: &Api<Secret>, id: &str, pools: &[TargetRef], duty: &mut TokenDuty) {
         let name = secret_name(id);
-        let secret = match api.get_opt(&name).await {
-            Ok(Some(secret)) => secret,
-            Ok(None) => {
+        let secret = match read_token(api, &name).await {
+            Ok(TokenRead::Token(secret)) => secret,
+            Ok(TokenRead::NotAToken) => {
+                self.not_a_token(id, &join_tokens::NotAToken::TypeTestFailed, pools, duty);
+                return;
+            }
+            Ok(TokenRead::Gone) => {
                 if duty.reported.insert(id.to_owned()) {
                     tracing::info!(
                         token = id,
@@ -203,11 +209,14 @@ impl Worker {
             return;
         };
         let expiration = join_tokens::format_expiration(to);
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": secret.resource_version()},
-            "data": {"expiration": k8s_openapi::ByteString(expiration.clone().into_bytes())},
-        });
-        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        let Some(resource_version) = secret.resource_version() else {
+            return;
+        };
+        let patch = match json_patch(join_tokens::extension_patch(&resource_version, &expiration)) {
+            Ok(patch) => patch,
+            Err(e) => return self.token_request_failed(duty, id, "extend", &e),
+        };
+        match api.patch(&name, &PatchParams::default(), &patch).await {
             Ok(_) => {
                 let from = from.as_deref().unwrap_or("(none)");
                 tracing::info!(token = id, from, to = %expiration, "kept a MachinePool's join token valid");
@@ -269,9 +278,14 @@ impl Worker {
     /// Deletes retired token `id` ([`join_tokens::retirable`]).
     async fn retire_token(&self, api: &Api<Secret>, id: &str, machines: &[TargetRef], duty: &mut TokenDuty) {
         let name = secret_name(id);
-        let secret = match api.get_opt(&name).await {
-            Ok(Some(secret)) => secret,
-            Ok(None) => {
+        let secret = match read_token(api, &name).await {
+            Ok(TokenRead::Token(secret)) => secret,
+            Ok(TokenRead::NotAToken) => {
+                self.not_a_token(id, &join_tokens::NotAToken::TypeTestFailed, machines, duty);
+                duty.gone.insert(id.to_owned());
+                return;
+            }
+            Ok(TokenRead::Gone) => {
                 duty.gone.insert(id.to_owned());
                 return;
             }
@@ -363,6 +377,41 @@ impl Worker {
     fn token_event(&self, target: &TargetRef, type_: EventType, reason: &str, text: &str) {
         self.report(self.target_reference(target), type_, reason, "JoinToken", text);
     }
+}
+
+/// What [`read_token`] found under a token's name.
+enum TokenRead {
+    /// A bootstrap token Secret.
+    Token(Secret),
+    /// No Secret of that name.
+    Gone,
+    /// A Secret of that name that is not a bootstrap token: the apiserver refused the read's
+    /// type test (422), and none of its content came back.
+    NotAToken,
+}
+
+/// Reads the token Secret `name` the only way the signer's workload role allows: a PATCH whose
+/// one operation tests its type ([`join_tokens::read_patch`]), so no Secret but a bootstrap
+/// token's ever reaches the signer (SPEC section 7, revision 5). The patch changes nothing:
+/// nothing is written.
+async fn read_token(api: &Api<Secret>, name: &str) -> Result<TokenRead, kube::Error> {
+    match api
+        .patch(name, &PatchParams::default(), &json_patch(join_tokens::read_patch())?)
+        .await
+    {
+        Ok(secret) => Ok(TokenRead::Token(secret)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(TokenRead::Gone),
+        Err(kube::Error::Api(status)) if status.code == 422 => Ok(TokenRead::NotAToken),
+        Err(e) => Err(e),
+    }
+}
+
+/// A JSON Patch built by [`join_tokens`]. It always converts; were it not to, the request is
+/// not sent (never an empty patch in its place, which would read any Secret).
+fn json_patch(operations: serde_json::Value) -> Result<Patch<()>, kube::Error> {
+    serde_json::from_value(operations)
+        .map(Patch::Json)
+        .map_err(kube::Error::SerdeError)
 }
 
 fn lookup(joined: &HashMap<String, Joined>, uid: &str) -> Joined {
