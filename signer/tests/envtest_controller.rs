@@ -495,7 +495,9 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     )
     .unwrap();
     assert_eq!(claim["nodeName"], "cp-0");
-    // So is pool-node-2, registered above for a pool instance nobody claimed.
+    // pool-node-2, registered above for a pool instance nobody claimed, is not: a pool instance
+    // carries no names, and insecure/v1 does not prove the node is that instance (SPEC rule 7,
+    // revision 5). The refusal says how out.
     let (pool_cert, pool_key) = w.env.client_certificate("system:node:pool-node-2", &["system:nodes"]);
     let pool_node = w.node_client("pool-node-2", &pool_cert, &pool_key).await;
     file_csr(
@@ -506,15 +508,42 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
         CLIENT_USAGES,
     )
     .await;
-    issued(
-        &wait_final(&w.admin, "adopt-pool-node-2", false, WAIT).await,
-        "adoption of pool-node-2",
-    );
+    match wait_final(&w.admin, "adopt-pool-node-2", false, WAIT).await {
+        Final::Denied(reason, message) => {
+            assert_eq!(reason, "RequesterNotAllowed", "{message}");
+            assert!(message.contains("reprovision the instance"), "{message}");
+        }
+        other => panic!("a pool instance's adoption under insecure/v1: {other:?}"),
+    }
+    // The way out: the instance is reprovisioned. Cluster API's MachinePool controller drops it
+    // from spec.providerIDList and deletes its Node (internal/controllers/machinepool,
+    // reconcileDeleteNodes).
+    apply(
+        &w.admin,
+        &w.own(capi::machine_pool("pool", &[&pid("pool-1"), &pid("pool-3")])),
+    )
+    .await;
+    live::delete(&w.admin, &capi::node("pool-node-2", Some(&pid("pool-2")))).await;
+    // A Node that no Machine names (what a kept legacy identity can register) is reported, but
+    // keeps nothing: the rotation binding goes all the same (SPEC section 7, revision 5).
+    apply(&w.admin, &capi::node("stray-legacy", Some("aws:///us-east-1a/i-0stray"))).await;
     assert!(
         removed("kubeadm:node-autoapprove-certificate-rotation").await,
-        "the rotation binding goes once no Node is outside attestation; signer log:\n{}",
+        "the rotation binding goes once no Node of a Machine is outside attestation; signer log:\n{}",
         signer.log()
     );
+    let mut reported = 0.0;
+    for _ in 0..50 {
+        reported = metric(
+            &signer.metrics(),
+            "node_attestation_nodes_outside_attestation{cluster=\"team-a/prod\"}",
+        );
+        if reported == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(reported, 1.0, "stray-legacy is reported outside attestation");
     let gone = event_note("prod", "LegacyAutoapproveRemoved");
     assert!(gone.is_some(), "the removal is an Event");
 
