@@ -526,7 +526,11 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
     live::delete(&w.admin, &capi::node("pool-node-2", Some(&pid("pool-2")))).await;
     // A Node that no Machine names (what a kept legacy identity can register) is reported, but
     // keeps nothing: the rotation binding goes all the same (SPEC section 7, revision 5).
-    apply(&w.admin, &capi::node("stray-legacy", Some("aws:///us-east-1a/i-0stray"))).await;
+    apply(
+        &w.admin,
+        &capi::node("stray-legacy", Some("aws:///us-east-1a/i-0stray")),
+    )
+    .await;
     assert!(
         removed("kubeadm:node-autoapprove-certificate-rotation").await,
         "the rotation binding goes once no Node of a Machine is outside attestation; signer log:\n{}",
