@@ -23,6 +23,22 @@ pub const ANNOTATION_LEGACY_ROTATION: &str = "cluster.x-k8s.io/kubelet-legacy-ro
 /// The value of [`ANNOTATION_LEGACY_ROTATION`] that removes the binding at once.
 pub const LEGACY_ROTATION_REMOVE: &str = "remove";
 
+/// Cluster annotation: `"keep"` keeps both of kubeadm's auto-approve bindings as they are: the
+/// signer neither removes nor recreates them (the per-Cluster form of
+/// `--keep-legacy-autoapprove`). It is the first step of an opt-out (SPEC section 7, revision
+/// 5): the bindings are restored and kept while nodes roll to stock templates, which join and
+/// renew through kubeadm's own TLS bootstrap, and the signer still serves the nodes that use
+/// the plugin until the Cluster's opt-in annotation goes.
+pub const ANNOTATION_LEGACY_AUTOAPPROVE: &str = "cluster.x-k8s.io/kubelet-legacy-autoapprove";
+
+/// The value of [`ANNOTATION_LEGACY_AUTOAPPROVE`] that keeps the bindings.
+pub const LEGACY_AUTOAPPROVE_KEEP: &str = "keep";
+
+/// Whether the Cluster keeps kubeadm's auto-approve bindings ([`ANNOTATION_LEGACY_AUTOAPPROVE`]).
+pub fn keeps_legacy_autoapprove(cluster: &ClusterView) -> bool {
+    cluster.annotation(ANNOTATION_LEGACY_AUTOAPPROVE) == Some(LEGACY_AUTOAPPROVE_KEEP)
+}
+
 /// kubeadm's signer for kubelet client certificates, whose CSRs the removed bindings served.
 pub const LEGACY_KUBELET_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 
@@ -281,6 +297,13 @@ mod tests {
         assert!(matches!(
             rotation_binding(&cluster, &[]),
             RotationBinding::Remove { .. }
+        ));
+        assert!(!keeps_legacy_autoapprove(&cluster));
+        assert!(keeps_legacy_autoapprove(
+            &cluster.clone().with_annotation(ANNOTATION_LEGACY_AUTOAPPROVE, "keep")
+        ));
+        assert!(!keeps_legacy_autoapprove(
+            &cluster.clone().with_annotation(ANNOTATION_LEGACY_AUTOAPPROVE, "Keep")
         ));
         let remove = cluster.with_annotation(ANNOTATION_LEGACY_ROTATION, "remove");
         assert!(matches!(

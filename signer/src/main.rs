@@ -8,6 +8,7 @@ mod csr_object;
 mod explain;
 mod locks;
 mod manifests;
+mod opt_out;
 mod render;
 mod verifiers;
 
@@ -39,6 +40,11 @@ enum Command {
     /// of one namespace: `get` on exactly their `<cluster>-kubeconfig` Secrets, never another
     /// Secret (apply it with `kubectl apply -f -`).
     ExplainRbac(explain::rbac::ExplainRbacArgs),
+    /// Print kubeadm's two auto-approve ClusterRoleBindings exactly as kubeadm creates them, for
+    /// an opt-out: apply them in the workload cluster (`kubectl apply -f -`) once the Cluster is
+    /// annotated `cluster.x-k8s.io/kubelet-legacy-autoapprove: keep`, before nodes roll to stock
+    /// kubeadm templates.
+    OptOutBindings,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run(args) => controller::run(args).map(|()| true),
         Command::Explain(args) => explain::run(args).map(|()| true),
         Command::ExplainRbac(args) => explain::rbac::run(args).map(|()| true),
+        Command::OptOutBindings => opt_out::run().map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -75,9 +75,33 @@ pub fn not_opted_in(cluster: &ClusterView) -> String {
         ),
     };
     format!(
-        "Cluster {} is not opted in ({why}): the signer ignores its CSRs",
+        "Cluster {} is not opted in ({why}): the signer ignores its CSRs. {OPTED_OUT_KEEPS}",
         named(cluster)
     )
+}
+
+/// What a Cluster that is not (or no longer) opted in keeps of the signer (SPEC section 7,
+/// revision 5: opting out recreates nothing), for `explain`, `check` and the signer's log.
+pub const OPTED_OUT_KEEPS: &str = "What stays as the signer left it: the claims on its Machines and MachinePools (annotations cluster.x-k8s.io/kubelet-claim and kubelet-claims, inert without the signer), the signer's workload RBAC (ClusterRole and ClusterRoleBinding node-attestation-signer-workload, Role, RoleBinding, ValidatingAdmissionPolicy and binding node-attestation-signer-join-tokens), kubeadm's auto-approve bindings as they are (removed ones are not recreated: node-attestation-signer opt-out-bindings prints them), and join tokens as they are; nodes whose kubelet renews through kubelet-authenticator get no new certificate";
+
+/// Annotations of an opt-out in progress: what the Cluster asks of the signer while its nodes
+/// roll to stock kubeadm templates (`None` when it asks none of it).
+pub fn opting_out(cluster: &ClusterView) -> Option<String> {
+    use attestation::join_tokens::{ANNOTATION_JOIN_TOKENS, JOIN_TOKENS_LEAVE};
+    use attestation::outside_attestation::{ANNOTATION_LEGACY_AUTOAPPROVE, keeps_legacy_autoapprove};
+    let keeps = keeps_legacy_autoapprove(cluster);
+    let leaves = cluster.annotation(ANNOTATION_JOIN_TOKENS) == Some(JOIN_TOKENS_LEAVE);
+    keeps.then(|| {
+        format!(
+            "Cluster {} keeps kubeadm's auto-approve bindings ({ANNOTATION_LEGACY_AUTOAPPROVE}: keep): the signer neither removes nor recreates them, so nodes with the stock kubeadm configuration join and renew through kube-controller-manager, while nodes with the plugin still renew through the signer{}",
+            named(cluster),
+            if leaves {
+                String::new()
+            } else {
+                format!("; an opt-out also leaves join tokens to the bootstrap provider ({ANNOTATION_JOIN_TOKENS}: {JOIN_TOKENS_LEAVE})")
+            }
+        )
+    })
 }
 
 #[cfg(test)]
@@ -95,6 +119,26 @@ mod tests {
             "{said}"
         );
         assert!(said.starts_with("Cluster team-a/prod is not opted in"), "{said}");
+        assert!(
+            said.contains("opt-out-bindings") && said.contains("not recreated"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    fn an_opt_out_in_progress_is_said() {
+        let cluster = ClusterView::named("prod", "team-a", &["tpm"]);
+        assert_eq!(opting_out(&cluster), None);
+        let keeping = cluster
+            .clone()
+            .with_annotation("cluster.x-k8s.io/kubelet-legacy-autoapprove", "keep");
+        let said = opting_out(&keeping).unwrap();
+        assert!(
+            said.contains("neither removes nor recreates") && said.contains("kubelet-join-tokens"),
+            "{said}"
+        );
+        let leaving = keeping.with_annotation("cluster.x-k8s.io/kubelet-join-tokens", "leave");
+        assert!(!opting_out(&leaving).unwrap().contains("kubelet-join-tokens"));
     }
 
     #[test]

@@ -212,6 +212,8 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     }
     // Paused: the running signer decides and writes nothing for it (SPEC section 7).
     notes.extend(crate::render::paused(&facts.cluster));
+    // An opt-out in progress: kubeadm's bindings are kept (SPEC section 7, revision 5).
+    notes.extend(crate::render::opting_out(&facts.cluster));
     let workload = match &args.workload_kubeconfig {
         Some(path) => {
             let bytes = zeroize::Zeroizing::new(

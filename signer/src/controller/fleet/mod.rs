@@ -271,7 +271,12 @@ impl Fleet {
             .iter()
             .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k) && !self.paused.contains(*k))
         {
-            tracing::info!(cluster = %k, "no longer served");
+            if opted_in_now.contains(k) {
+                tracing::info!(cluster = %k, "no longer served");
+            } else {
+                // Opted out (or deleted): say what stays behind (SPEC section 7, revision 5).
+                tracing::info!(cluster = %k, keeps = crate::render::OPTED_OUT_KEEPS, "no longer opted in: no longer served");
+            }
             self.shared.metrics.forget_cluster(k);
         }
         self.problems = problems;

@@ -84,7 +84,9 @@ impl Worker {
 
     async fn join_token_pass(&self, api: &Api<Secret>, duty: &mut TokenDuty) {
         let management = &self.shared.management;
-        let Some(cluster) = management.clusters.get(&self.key) else {
+        // A Cluster paused since the worker started gets no token read or written (SPEC
+        // section 7); the fleet stops this worker at its next pass.
+        let Some(cluster) = self.served_cluster() else {
             return;
         };
         match join_tokens::managed(&cluster, self.shared.settings.leave_join_tokens) {
@@ -382,7 +384,7 @@ impl Worker {
 /// What [`read_token`] found under a token's name.
 enum TokenRead {
     /// A bootstrap token Secret.
-    Token(Secret),
+    Token(Box<Secret>),
     /// No Secret of that name.
     Gone,
     /// A Secret of that name that is not a bootstrap token: the apiserver refused the read's
@@ -399,7 +401,7 @@ async fn read_token(api: &Api<Secret>, name: &str) -> Result<TokenRead, kube::Er
         .patch(name, &PatchParams::default(), &json_patch(join_tokens::read_patch())?)
         .await
     {
-        Ok(secret) => Ok(TokenRead::Token(secret)),
+        Ok(secret) => Ok(TokenRead::Token(Box::new(secret))),
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(TokenRead::Gone),
         Err(kube::Error::Api(status)) if status.code == 422 => Ok(TokenRead::NotAToken),
         Err(e) => Err(e),

@@ -1,6 +1,8 @@
 //! SPEC sections 3 and 7's duty: kubeadm's auto-approve ClusterRoleBindings
 //! ([`LEGACY_AUTOAPPROVE_BINDINGS`]) are reported while they exist in the workload cluster and
-//! removed unless `--keep-legacy-autoapprove`: `kubeadm:node-autoapprove-bootstrap` at once,
+//! removed unless `--keep-legacy-autoapprove` or the Cluster's
+//! `cluster.x-k8s.io/kubelet-legacy-autoapprove: keep` (an opt-out in progress):
+//! `kubeadm:node-autoapprove-bootstrap` at once,
 //! `kubeadm:node-autoapprove-certificate-rotation` once no Node is outside attestation (or at
 //! once under `cluster.x-k8s.io/kubelet-legacy-rotation: remove`), so an opt-in never leaves a
 //! node without a way to renew. While it is kept on purpose, it is reported as kept, naming the
@@ -8,7 +10,9 @@
 
 use std::sync::Arc;
 
-use attestation::outside_attestation::{RotationBinding, rotation_binding};
+use attestation::outside_attestation::{
+    ANNOTATION_LEGACY_AUTOAPPROVE, LEGACY_AUTOAPPROVE_KEEP, RotationBinding, keeps_legacy_autoapprove, rotation_binding,
+};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
 use kube::runtime::events::EventType;
@@ -55,10 +59,13 @@ impl Worker {
         if self.shared.settings.keep_legacy_autoapprove {
             return None;
         }
+        let cluster = self.shared.management.clusters.get(&self.key)?;
+        if keeps_legacy_autoapprove(&cluster) {
+            return None;
+        }
         if binding.name != LEGACY_ROTATION_BINDING {
             return Some(Ok("no new node gets an identity without the signer".to_owned()));
         }
-        let cluster = self.shared.management.clusters.get(&self.key)?;
         match &outside.nodes {
             Some(nodes) => Some(match rotation_binding(&cluster, nodes) {
                 RotationBinding::Remove { why } => Ok(why),
@@ -86,9 +93,14 @@ impl Worker {
                 let goes = self.binding_goes(binding, outside);
                 if !state.reported {
                     let what = match &goes {
-                        None if self.shared.settings.keep_legacy_autoapprove => "; kept (--keep-legacy-autoapprove)",
-                        Some(Ok(_)) => "; removing it",
-                        _ => "",
+                        None if self.shared.settings.keep_legacy_autoapprove => {
+                            "; kept (--keep-legacy-autoapprove)".to_owned()
+                        }
+                        None if self.keeps_legacy_autoapprove() => format!(
+                            "; kept (the Cluster is annotated {ANNOTATION_LEGACY_AUTOAPPROVE}: {LEGACY_AUTOAPPROVE_KEEP}: an opt-out in progress)"
+                        ),
+                        Some(Ok(_)) => "; removing it".to_owned(),
+                        _ => String::new(),
                     };
                     tracing::warn!(binding = name, "the workload cluster {}", binding.hole);
                     self.cluster_event(
@@ -115,6 +127,14 @@ impl Worker {
             }
             Err(e) => tracing::debug!(error = %e, "cannot check {name}"),
         }
+    }
+
+    fn keeps_legacy_autoapprove(&self) -> bool {
+        self.shared
+            .management
+            .clusters
+            .get(&self.key)
+            .is_some_and(|c| keeps_legacy_autoapprove(&c))
     }
 
     async fn remove_binding(&self, api: &Api<ClusterRoleBinding>, name: &str, why: &str, state: &mut BindingState) {
