@@ -199,7 +199,7 @@ pub async fn obtain(workload: &Workload, request: &Request<'_>, attestor: &mut d
     };
     let (cert_pem, csr_name) = tokio::time::timeout(request.timeout, work).await.map_err(|_| {
         anyhow!(
-            "timed out after {} waiting for the certificate: is node-attestation-signer serving this cluster?",
+            "timed out after {} waiting for the certificate: no node-attestation-signer answered. Its Cluster must be opted in (annotation cluster.x-k8s.io/kubelet-authentication: \"true\") before nodes with this plugin join, and not paused; in the management cluster, `node-attestation-signer explain --node <this node> --provider-id <its provider ID>` says why",
             humantime::format_duration(request.timeout)
         )
     })??;
