@@ -1106,6 +1106,34 @@ fn client_csr_table() {
             Denied(MachineNotReady),
         ),
         (
+            "denies the renewal of a deleted Machine's node, even while another Machine has no provider ID yet",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                // Remediated: worker-0 deleted, its replacement not provisioned yet.
+                s.machines.remove(0);
+                s.machines.push(capi::machine("worker-0-r7x2k", None));
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
+            "denies the renewal of an instance removed from its MachinePool's providerIDList",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                s.machines[2]["spec"]["providerIDList"] = json!([POOL_PID_2]);
+                annotate(
+                    &mut s.machines[2],
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &json!({ POOL_PID: pool_claim(POOL_PID, "pool-node-x1") }).to_string(),
+                );
+                s.csr.username = "system:node:pool-node-x1".into();
+                s.csr.groups = vec!["system:nodes".into()];
+                s
+            },
+            Denied(MachineNotFound),
+        ),
+        (
             "waits for bootstrap data",
             || {
                 let mut s = Scenario::client();
@@ -1560,6 +1588,22 @@ fn client_csr_table() {
                 s
             },
             Denied(MachineAlreadyClaimed),
+        ),
+        (
+            "approves tpm/v1 for a pool instance whose EK only a removed instance's lingering record holds",
+            || {
+                let mut s = pool_instance("pool-node-x1");
+                let mut gone = pool_claim("aws:///us-east-1a/i-pool-gone", "pool-node-gone");
+                gone["ekSHA256"] = json!(EK);
+                annotate(
+                    &mut s.machines[2],
+                    "cluster.x-k8s.io/kubelet-claims",
+                    &json!({ "aws:///us-east-1a/i-pool-gone": gone }).to_string(),
+                );
+                s.as_tpm(verified(EK));
+                s
+            },
+            Approved,
         ),
         (
             "denies a tpm/v1 renewal showing another EK",
@@ -2158,6 +2202,55 @@ fn a_refused_adoption_names_the_machines_names() {
         message.contains(r#"name "prod-cp-x7k2p""#) && message.contains(r#"InternalDNS "ip-10-0-0-7""#),
         "{message}"
     );
+}
+
+/// A node whose Machine is deleted is told so (SPEC rule 9): while the Machine is being deleted,
+/// and once it is gone (a pool instance: once it left `spec.providerIDList`, naming the pool and
+/// the claim that ended), without waiting out `--csr-max-age`.
+#[test]
+fn a_deleted_machines_node_is_told_why_its_renewal_is_refused() {
+    let denial = |s: Scenario| match s.decide().outcome {
+        Outcome::Denied { reason, message } => (reason, message),
+        other => panic!("{other:?}"),
+    };
+    let mut deleting = Scenario::client();
+    deleting.renewal();
+    deleting.machines[0]["metadata"]["deletionTimestamp"] = json!("2026-11-22T07:59:00Z");
+    let (reason, message) = denial(deleting);
+    assert_eq!(reason, DenyReason::MachineNotReady);
+    assert!(
+        message.contains("Machine worker-0 is being deleted") && message.contains("its claim goes with it"),
+        "{message}"
+    );
+    let mut gone = Scenario::client();
+    gone.renewal();
+    gone.machines.remove(0);
+    let (reason, message) = denial(gone);
+    assert_eq!(reason, DenyReason::MachineNotFound);
+    assert!(
+        message.contains("Machine was deleted") && message.contains(PID),
+        "{message}"
+    );
+    let mut removed = pool_instance("pool-node-x1");
+    removed.machines[2]["spec"]["providerIDList"] = json!([POOL_PID_2]);
+    annotate(
+        &mut removed.machines[2],
+        "cluster.x-k8s.io/kubelet-claims",
+        &json!({ POOL_PID: pool_claim(POOL_PID, "pool-node-x1") }).to_string(),
+    );
+    removed.csr.username = "system:node:pool-node-x1".into();
+    removed.csr.groups = vec!["system:nodes".into()];
+    let (reason, message) = denial(removed);
+    assert_eq!(reason, DenyReason::MachineNotFound);
+    assert!(
+        message.contains("removed from MachinePool pool-a's spec.providerIDList")
+            && message.contains(r#"node "pool-node-x1""#),
+        "{message}"
+    );
+    // A first request for the same provider ID still waits while the pool's list may lag.
+    let mut joining = pool_instance("pool-node-x9");
+    joining.request = RequestSpec::kubelet("pool-node-x9", "aws:///us-east-1a/i-pool9");
+    assert!(matches!(joining.decide().outcome, Outcome::Retry { .. }));
 }
 
 #[test]

@@ -260,10 +260,13 @@ fn ek_conflict(
             .iter()
             .find(|p| {
                 let same = target.is_pool(p);
-                // Within the target pool, only the other instances' claims count.
+                // Within the target pool, only the other instances' claims count, and only
+                // those of instances still listed: a removed instance's record (kept until the
+                // pool's next claim write prunes it) holds no EK.
                 let others = p
                     .claims
                     .records()
+                    .filter(|c| p.provider_ids.contains(&c.provider_id))
                     .filter(|c| !same || Some(c.provider_id.as_str()) != provider_id.map(ProviderId::as_str))
                     .filter_map(|c| c.ek_sha256.as_deref());
                 let pins = p.ek_pins.iter().filter(|_| !same).map(String::as_str);

@@ -1,6 +1,7 @@
 //! SPEC rules 9 and 10: the Machine (or MachinePool instance) the provider ID names, and the
 //! node name it may have. Rule 9 finds exactly one target and checks it is not being deleted and
-//! its bootstrap is done; rule 10 checks the node name against the claim, `status.nodeRef` or
+//! its bootstrap is done (a node asking for a provider ID no Machine or pool has is refused at
+//! once, naming the deletion: its Machine was deleted or its instance removed); rule 10 checks the node name against the claim, `status.nodeRef` or
 //! the Machine's own names, and that no other Machine or instance holds it.
 
 use super::super::{Book, Inputs, NodeLookup, shown};
@@ -10,8 +11,14 @@ use crate::decision::{DenyReason, Rule};
 use crate::identity::{NodeName, ProviderId};
 use crate::machine::{MachinePoolView, MachineView};
 
-/// Rule 9: the one Machine or MachinePool of the Cluster that owns the provider ID.
-pub(super) fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &ProviderId) -> Option<Target<'a>> {
+/// Rule 9: the one Machine or MachinePool of the Cluster that owns the provider ID. `by_node`:
+/// the node itself asks (a renewal, or an adoption), holding an identity of the cluster already.
+pub(super) fn find_target<'a>(
+    book: &mut Book,
+    inputs: &Inputs<'a>,
+    pid: &ProviderId,
+    by_node: bool,
+) -> Option<Target<'a>> {
     let cluster = inputs.cluster;
     let ours = |name: &str, ns: &str, cluster_name: &str| {
         ns == cluster.namespace && cluster_name == cluster.name && !name.is_empty()
@@ -57,7 +64,16 @@ pub(super) fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &Provid
                         cluster.name,
                         shown(pid.as_str())
                     );
-                    if unset == 0 && pools.is_empty() {
+                    if by_node {
+                        // The node renews (or is adopted) for a provider ID that no Machine has
+                        // and no pool lists: no gap that closes by itself. Its Machine had that
+                        // provider ID when it was claimed, and Cluster API never gives a
+                        // Machine's provider ID to another Machine, nor lists a removed
+                        // instance again (a pool's infrastructure provider removes an instance
+                        // from spec.providerIDList when it deletes it). The Machine is gone,
+                        // and its claim with it: said at once, not after --csr-max-age.
+                        book.fail(Rule::Machine, DenyReason::MachineNotFound, gone(&pools, pid, message));
+                    } else if unset == 0 && pools.is_empty() {
                         book.fail(Rule::Machine, DenyReason::MachineNotFound, message);
                     } else {
                         // A Machine still without providerID, or a pool's list lagging, may be it.
@@ -108,7 +124,10 @@ pub(super) fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &Provid
         book.fail(
             Rule::Machine,
             DenyReason::MachineNotReady,
-            format!("{} is being deleted", target.describe()),
+            format!(
+                "{} is being deleted (deletionTimestamp set): a Machine on its way out gets no new certificate, and its claim goes with it",
+                target.describe()
+            ),
         );
     } else if !ready {
         book.pending(
@@ -119,6 +138,27 @@ pub(super) fn find_target<'a>(book: &mut Book, inputs: &Inputs<'a>, pid: &Provid
         book.pass(Rule::Machine, format!("{} owns the provider ID", target.describe()));
     }
     Some(target)
+}
+
+/// Rule 9's refusal of a node asking for a provider ID no Machine has and no pool lists: its
+/// Machine was deleted, or its instance removed from a MachinePool (whose record of the claim,
+/// until the pool's next claim write prunes it, is named when it is still there).
+fn gone(pools: &[&MachinePoolView], pid: &ProviderId, message: String) -> String {
+    let removed = pools.iter().find_map(|p| {
+        p.claims
+            .records()
+            .find(|c| c.provider_id == pid.as_str())
+            .map(|c| (p.name.as_str(), c.node_name.as_str()))
+    });
+    match removed {
+        Some((pool, node)) => format!(
+            "{message}: the instance was removed from MachinePool {pool}'s spec.providerIDList (scaled down or replaced), and its claim for node {} ended with it; a node renews only for the Machine or instance it claimed",
+            shown(node)
+        ),
+        None => format!(
+            "{message}: the node's Machine was deleted (or its MachinePool instance removed), and its claim with it; a node renews only for the Machine or instance it claimed"
+        ),
+    }
 }
 
 /// Rule 10: the node name fits the Machine, and no other Machine or instance holds it.

@@ -83,7 +83,7 @@ pub(super) fn decide(inputs: &Inputs<'_>) -> Decision {
     // Rule 9, then what needs the Machine: 7 (binding), 10, 11.
     let target = provider_id
         .as_ref()
-        .and_then(|pid| machine::find_target(&mut book, inputs, pid));
+        .and_then(|pid| machine::find_target(&mut book, inputs, pid, matches!(requester, Some(Requester::Node))));
     // The claim as it stands, read once for rules 7, 10, 11, 12 and the claim write.
     let claim = target.zip(provider_id.as_ref()).map(|(target, pid)| target.claim(pid));
     // The node itself asking for a Machine it has not claimed: an adoption, not a renewal.
