@@ -92,20 +92,36 @@ impl Worker {
                 self.shared.metrics.legacy_autoapprove(&self.key, name, true);
                 let goes = self.binding_goes(binding, outside);
                 if !state.reported {
-                    let what = match &goes {
+                    let kept = match &goes {
                         None if self.shared.settings.keep_legacy_autoapprove => {
-                            "; kept (--keep-legacy-autoapprove)".to_owned()
+                            Some("kept (--keep-legacy-autoapprove)".to_owned())
                         }
-                        None if self.keeps_legacy_autoapprove() => format!(
-                            "; kept (the Cluster is annotated {ANNOTATION_LEGACY_AUTOAPPROVE}: {LEGACY_AUTOAPPROVE_KEEP}: an opt-out in progress)"
-                        ),
-                        Some(Ok(_)) => "; removing it".to_owned(),
+                        None if self.keeps_legacy_autoapprove() => Some(format!(
+                            "kept (the Cluster is annotated {ANNOTATION_LEGACY_AUTOAPPROVE}: {LEGACY_AUTOAPPROVE_KEEP}: an opt-out in progress)"
+                        )),
+                        _ => None,
+                    };
+                    let what = match (&kept, &goes) {
+                        (Some(kept), _) => format!("; {kept}"),
+                        (None, Some(Ok(_))) => "; removing it".to_owned(),
                         _ => String::new(),
                     };
-                    tracing::warn!(binding = name, "the workload cluster {}", binding.hole);
-                    self.cluster_event(
+                    tracing::warn!(
+                        binding = name,
+                        kept = kept.as_deref(),
+                        "the workload cluster {}",
+                        binding.hole
+                    );
+                    // A binding kept on purpose is its own action: Events of one action,
+                    // reason and object within 6 minutes are one Event series for the
+                    // recorder, whose note stays the first one's, and a binding restored for an
+                    // opt-out soon after the signer removed it ("removing it") must not read
+                    // as being removed again.
+                    self.report(
+                        self.cluster_ref.clone(),
                         EventType::Warning,
                         "LegacyAutoapproveBinding",
+                        if kept.is_some() { "Keep" } else { "Reconcile" },
                         &format!(
                             "ClusterRoleBinding {name} in the workload cluster {}{what}",
                             binding.hole
