@@ -228,6 +228,7 @@ pub struct Management {
     /// A gained Cluster's objects were listed (or a regain emptied them): its state moved
     /// between `Listing` and the worker's own, which the fleet reports at once.
     pub listed_changed: Notify,
+    cluster_resource: ApiResource,
     machine_resource: ApiResource,
     pool_resource: Option<ApiResource>,
     config_resource: Option<ApiResource>,
@@ -263,6 +264,7 @@ impl Management {
         );
         let management = Arc::new(Self {
             clusters: spawn_cache(api(&cluster_resource), ClusterView::from_object, "Clusters"),
+            cluster_resource,
             shard: RwLock::new(ShardStore::default()),
             watched: [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)],
             fills: Arc::new(Semaphore::new(FILLS_AT_ONCE)),
@@ -596,6 +598,20 @@ impl Management {
         request.extensions_mut().insert("get");
         let object: LeanObject = self.client.request(request).await.map_err(ApplyError::from_kube)?;
         claim_of(target, provider_id, &object)
+    }
+
+    /// The Cluster `namespace/name` as the API server holds it now, not as the cache does:
+    /// `None` when it is gone. Read by a join once its claim is written (`workload::apply`).
+    pub async fn fresh_cluster(&self, namespace: &str, name: &str) -> Result<Option<ClusterView>, ApplyError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &self.cluster_resource);
+        let Some(object) = api.get_opt(name).await.map_err(ApplyError::from_kube)? else {
+            return Ok(None);
+        };
+        let unreadable = |e: String| ApplyError::Transient(format!("cannot read Cluster {namespace}/{name}: {e}"));
+        let object = serde_json::to_value(object).map_err(|e| unreadable(e.to_string()))?;
+        ClusterView::from_object(&object)
+            .map(Some)
+            .map_err(|e| unreadable(e.to_string()))
     }
 
     /// A Secret's data (one GET for every key), `None` when the Secret is absent.

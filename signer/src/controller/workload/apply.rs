@@ -1,7 +1,9 @@
 //! Applying a decision to the workload cluster and the management cluster.
 //!
 //! The order of writes for a client CSR is the SPEC's: the claim (with the resourceVersion the
-//! decision was made on), `/approval`, a fresh re-read of the claim, then `/status`. A conflict
+//! decision was made on), `/approval`, a fresh re-read of the claim, then `/status`; a join also
+//! reads its Cluster fresh once the claim is written, and writes nothing more if the Cluster was
+//! paused meanwhile (`clusterctl move` copies Machines after it pauses). A conflict
 //! at the claim means another CSR got there first: the CSR is decided again on fresh state,
 //! which denies it. A claim lost between approval and signing marks the CSR `Failed`. So of two
 //! racing CSRs for one Machine, at most one is ever signed, whatever the interleaving and
@@ -11,7 +13,7 @@ use attestation::CsrObject;
 use attestation::ca::Validity;
 use attestation::claim::ClaimState;
 use attestation::decision::{Decision, DenyReason, Issuance};
-use attestation::machine::TargetRef;
+use attestation::machine::{ClusterView, TargetRef};
 use attestation::names::{GROUP_NODES, NODE_USER_PREFIX};
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -72,16 +74,19 @@ impl Worker {
         Ok(())
     }
 
+    /// Approves `csr` as `decision` says, decided on `cluster` as the cache held it, and signs a
+    /// client CSR.
     pub(super) async fn approve(
         &self,
         csr: &CertificateSigningRequest,
         object: &CsrObject,
+        cluster: &ClusterView,
         decision: &Decision,
         reason: &str,
         message: &str,
-        approved_already: bool,
     ) -> Result<(), ApplyError> {
         let name = csr.name_any();
+        let approved_already = stage(csr) == Stage::Approved;
         let mut written = None;
         if let Some(claim) = &decision.claim {
             written = Some(self.shared.management.write_claim(claim).await?);
@@ -90,6 +95,28 @@ impl Worker {
             // Said at info by the one line of a signed join ("approved and signed", in this
             // span, naming the Machine); a claim whose CSR is not signed logs why it was not.
             tracing::debug!(node = %claim.record.node_name, "claimed {}", claim.target.name);
+        }
+        if let Some(issuance) = &decision.issuance
+            && (written.is_some() || !renewal_by_node(object, issuance))
+        {
+            // A Machine's one identity: the claim must be in whatever copy of the Machine
+            // `clusterctl move` makes, and the move pauses the Cluster before it copies. A claim
+            // whose write landed after the copy (held in a queue, or decided on a cache that had
+            // not seen the pause yet) is in the source only, and the target would let another
+            // CSR claim the Machine. So the Cluster is read fresh once the claim is there: still
+            // served as decided, the claim was written before any pause and any copy of it
+            // holds it; otherwise nothing more is written here and the CSR stays pending for
+            // whichever signer serves the Cluster once it is unpaused (the target's).
+            let now = self
+                .shared
+                .management
+                .fresh_cluster(&cluster.namespace, &cluster.name)
+                .await?;
+            if let Some(why) = moved_on(cluster, now.as_ref()) {
+                tracing::info!(%why, "not approved: the CSR stays pending for the signer that serves the Cluster next");
+                self.retry(csr, &why);
+                return Ok(());
+            }
         }
         let mut current = csr.clone();
         if !approved_already {
@@ -241,14 +268,8 @@ impl Worker {
                     .await?
             }
         };
-        let node = issuance
-            .csr
-            .common_names()
-            .find_map(|a| a.value.as_deref())
-            .and_then(|cn| cn.strip_prefix(NODE_USER_PREFIX))
-            .unwrap_or_default();
-        let renewal =
-            csr.username == format!("{NODE_USER_PREFIX}{node}") && csr.groups.iter().any(|g| g == GROUP_NODES);
+        let node = node_of(issuance);
+        let renewal = renewal_by_node(csr, issuance);
         Ok(match state {
             ClaimState::Valid(claim) if claim.node_name == node && (claim.csr_uid == csr.uid || renewal) => Ok(()),
             ClaimState::Valid(claim) => Err(format!(
@@ -260,6 +281,37 @@ impl Worker {
                 target.name
             )),
         })
+    }
+}
+
+/// The node name a client CSR asks for (its CN after `system:node:`).
+fn node_of(issuance: &Issuance) -> &str {
+    issuance
+        .csr
+        .common_names()
+        .find_map(|a| a.value.as_deref())
+        .and_then(|cn| cn.strip_prefix(NODE_USER_PREFIX))
+        .unwrap_or_default()
+}
+
+/// The CSR is filed by the node it asks for, as that node (a renewal, or an adoption).
+fn renewal_by_node(csr: &CsrObject, issuance: &Issuance) -> bool {
+    csr.username == format!("{NODE_USER_PREFIX}{}", node_of(issuance)) && csr.groups.iter().any(|g| g == GROUP_NODES)
+}
+
+/// Why a join decided on `decided` (the cache's Cluster) must not be approved now that the API
+/// server holds `now`: paused (`clusterctl move` starts so), no longer opted in, gone, or
+/// another Cluster of the same name. `None`: still served as decided.
+pub(super) fn moved_on(decided: &ClusterView, now: Option<&ClusterView>) -> Option<String> {
+    let key = decided.key();
+    match now {
+        None => Some(format!("Cluster {key} is gone since this CSR was decided")),
+        Some(now) if now.uid != decided.uid => Some(format!("Cluster {key} was replaced since this CSR was decided")),
+        Some(now) => match now.paused {
+            Some(how) => Some(format!("Cluster {key} is paused since this CSR was decided ({how})")),
+            None if !now.opted_in => Some(format!("Cluster {key} no longer opts in")),
+            None => None,
+        },
     }
 }
 
@@ -304,6 +356,7 @@ fn push_condition(csr: &mut CertificateSigningRequest, condition: CertificateSig
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use attestation::machine::Paused;
 
     /// A CSR of `signer` with `conditions`, and a certificate when `certificate`.
     pub(crate) fn csr(signer: &str, conditions: &[&str], certificate: bool) -> CertificateSigningRequest {
@@ -316,6 +369,40 @@ pub(super) mod tests {
             csr.status.get_or_insert_default().certificate = Some(k8s_openapi::ByteString(b"x".to_vec()));
         }
         csr
+    }
+
+    #[test]
+    fn a_join_is_approved_only_while_its_cluster_is_served_as_decided() {
+        let decided = ClusterView {
+            uid: "u-1".into(),
+            ..ClusterView::named("prod", "team-a", &["insecure"])
+        };
+        assert_eq!(moved_on(&decided, Some(&decided)), None, "served as decided");
+        let paused = ClusterView {
+            paused: Some(Paused::Spec),
+            ..decided.clone()
+        };
+        let why = moved_on(&decided, Some(&paused)).unwrap();
+        assert!(
+            why.contains("team-a/prod is paused") && why.contains("spec.paused is true"),
+            "{why}"
+        );
+        let annotated = ClusterView {
+            paused: Some(Paused::Annotation),
+            ..decided.clone()
+        };
+        assert!(moved_on(&decided, Some(&annotated)).unwrap().contains("paused"));
+        assert!(moved_on(&decided, None).unwrap().contains("gone"));
+        let copy = ClusterView {
+            uid: "u-2".into(),
+            ..decided.clone()
+        };
+        assert!(moved_on(&decided, Some(&copy)).unwrap().contains("replaced"));
+        let out = ClusterView {
+            opted_in: false,
+            ..decided.clone()
+        };
+        assert!(moved_on(&decided, Some(&out)).unwrap().contains("no longer opts in"));
     }
 
     #[test]

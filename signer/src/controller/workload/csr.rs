@@ -189,7 +189,6 @@ impl Worker {
             tracing::debug!("the Cluster is no longer served as it was; the CSR stays pending");
             return Answer::Idle;
         }
-        let approved_already = stage(&csr) == Stage::Approved;
         // A decision applied without a request says nothing about the apiservers.
         let mut asked = true;
         let result = match &decision.outcome {
@@ -218,8 +217,7 @@ impl Worker {
                 }
             }
             Outcome::Approved { reason, message } => {
-                self.approve(&csr, &object, &decision, reason, message, approved_already)
-                    .await
+                self.approve(&csr, &object, &cluster, &decision, reason, message).await
             }
             _ => {
                 asked = false;
