@@ -275,6 +275,9 @@ pub struct ClusterView {
     /// How the Cluster is paused, `None` when it is not: the signer then decides and writes
     /// nothing for it (SPEC section 7, "Paused Clusters").
     pub paused: Option<Paused>,
+    /// metadata.creationTimestamp: when this copy of the Cluster was created in this
+    /// management cluster (`clusterctl move` and a restore create it anew), when known.
+    pub created: Option<time::OffsetDateTime>,
 }
 
 /// How a Cluster is paused, read as Cluster API's own controllers read it
@@ -340,6 +343,7 @@ impl ClusterView {
             allowed_attestors: allowed.iter().map(|s| (*s).to_owned()).collect(),
             kubelet_annotations: std::collections::BTreeMap::new(),
             paused: None,
+            created: None,
         }
     }
 
@@ -391,6 +395,10 @@ impl ClusterView {
             allowed_attestors,
             kubelet_annotations,
             paused: Paused::of(object),
+            created: object
+                .pointer("/metadata/creationTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -1077,5 +1085,22 @@ mod tests {
         assert!(paused.is_paused() && paused.kubelet_annotations.is_empty());
         assert!(paused.paused.unwrap().to_string().contains("cluster.x-k8s.io/paused"));
         assert!(!ClusterView::named("c", "ns", &["tpm"]).is_paused());
+    }
+
+    #[test]
+    fn a_clusters_creation_is_read_when_it_is_there() {
+        let at = |created: Value| {
+            ClusterView::from_object(&json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"name": "c", "creationTimestamp": created}}))
+            .unwrap()
+            .created
+        };
+        assert_eq!(
+            at(json!("2026-11-28T15:49:20Z")),
+            Some(time::macros::datetime!(2026-11-28 15:49:20 UTC))
+        );
+        assert_eq!(at(Value::Null), None);
+        assert_eq!(at(json!("yesterday")), None);
+        assert_eq!(ClusterView::named("c", "ns", &["tpm"]).created, None);
     }
 }

@@ -80,7 +80,9 @@ impl Worker {
         let Some(cluster) = self.served_cluster() else {
             return Answer::Idle;
         };
-        if lock(&self.recovering).remove(name) && record::maybe_unrecorded(&csr, OffsetDateTime::now_utc()) {
+        if lock(&self.recovering).remove(name)
+            && record::maybe_unrecorded(&csr, OffsetDateTime::now_utc(), cluster.created)
+        {
             // Signed within the window before this worker started: recorded unless it is.
             self.record_issuance(&csr, None).await;
             return Answer::Answered;

@@ -39,9 +39,17 @@ pub(super) struct Signed<'a> {
     pub created: Option<OffsetDateTime>,
 }
 
-/// An issued CSR of this signer's client signers, approved within [`RECOVERY_WINDOW`] of `now`:
-/// one a stopped replica may have left unrecorded.
-pub(super) fn maybe_unrecorded(csr: &CertificateSigningRequest, now: OffsetDateTime) -> bool {
+/// An issued CSR of this signer's client signers, approved within [`RECOVERY_WINDOW`] of `now`
+/// and after the second `cluster_created` (the Cluster's creation in this management cluster,
+/// when known): one a stopped replica may have left unrecorded. A certificate approved before
+/// the Cluster existed here was signed for its copy in another management cluster (the source
+/// of a `clusterctl move`, or what a restore was taken from) and recorded there; the record
+/// Events stay in that management cluster, so recording it here would record it twice.
+pub(super) fn maybe_unrecorded(
+    csr: &CertificateSigningRequest,
+    now: OffsetDateTime,
+    cluster_created: Option<OffsetDateTime>,
+) -> bool {
     let Some(status) = csr.status.as_ref() else {
         return false;
     };
@@ -58,7 +66,12 @@ pub(super) fn maybe_unrecorded(csr: &CertificateSigningRequest, now: OffsetDateT
             attestation::rules::classify(&csr.spec.signer_name),
             Some(attestation::decision::CsrKind::KubeletClient)
         )
-        && approved_at.is_some_and(|at| now - at <= RECOVERY_WINDOW)
+        && approved_at.is_some_and(|at| {
+            // Both in whole seconds: an approval in the second of the creation is not known to
+            // be this management cluster's, and is left as recorded elsewhere.
+            now - at <= RECOVERY_WINDOW
+                && cluster_created.is_none_or(|created| at.unix_timestamp() > created.unix_timestamp())
+        })
 }
 
 impl Worker {
@@ -128,23 +141,44 @@ mod tests {
         use attestation::names::{SIGNER_INSECURE, SIGNER_KUBELET_SERVING};
         let now = OffsetDateTime::now_utc();
         let later = now + RECOVERY_WINDOW + time::Duration::seconds(1);
-        assert!(maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], true), now));
+        assert!(maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], true), now, None));
         assert!(
-            !maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], true), later),
+            !maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], true), later, None),
             "long recorded or lost"
         );
         assert!(
-            !maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], false), now),
+            !maybe_unrecorded(&csr(SIGNER_INSECURE, &["Approved"], false), now, None),
             "no certificate yet"
         );
-        assert!(!maybe_unrecorded(&csr(SIGNER_INSECURE, &["Denied"], false), now));
+        assert!(!maybe_unrecorded(&csr(SIGNER_INSECURE, &["Denied"], false), now, None));
         assert!(
-            !maybe_unrecorded(&csr(SIGNER_KUBELET_SERVING, &["Approved"], true), now),
+            !maybe_unrecorded(&csr(SIGNER_KUBELET_SERVING, &["Approved"], true), now, None),
             "kcm's"
         );
         assert!(!maybe_unrecorded(
             &csr("kubernetes.io/kube-apiserver-client-kubelet", &["Approved"], true),
-            now
+            now,
+            None
         ));
+    }
+
+    #[test]
+    fn an_issuance_from_before_the_cluster_was_created_here_was_recorded_where_it_was_signed() {
+        use attestation::names::SIGNER_INSECURE;
+        let approved = csr(SIGNER_INSECURE, &["Approved"], true);
+        let now = OffsetDateTime::now_utc();
+        let second = time::Duration::seconds(1);
+        assert!(
+            maybe_unrecorded(&approved, now, Some(now - second * 2)),
+            "approved after the Cluster was created here"
+        );
+        assert!(
+            !maybe_unrecorded(&approved, now, Some(now + second * 2)),
+            "approved before: for the Cluster's copy in the source of a move, and recorded there"
+        );
+        assert!(
+            !maybe_unrecorded(&approved, now, Some(now)),
+            "approved in the second of the creation: not known to be this management cluster's"
+        );
     }
 }

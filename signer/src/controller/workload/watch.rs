@@ -47,7 +47,13 @@ impl Worker {
                 Ok(watcher::Event::InitApply(csr)) => {
                     if needs_us(&csr) {
                         listed.push(csr.name_any());
-                    } else if !recovered && record::maybe_unrecorded(&csr, time::OffsetDateTime::now_utc()) {
+                    } else if !recovered
+                        && record::maybe_unrecorded(
+                            &csr,
+                            time::OffsetDateTime::now_utc(),
+                            self.served_cluster().and_then(|c| c.created),
+                        )
+                    {
                         // The first list only: what a replica stopped before recording.
                         lock(&self.recovering).insert(csr.name_any());
                         listed.push(csr.name_any());
