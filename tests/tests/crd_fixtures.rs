@@ -149,6 +149,32 @@ fn yaml_documents(path: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The kubelet drop-in of a KubeadmConfig's `files` that tells the plugin its node name.
+const NODE_NAME_DROPIN: &str = "/etc/systemd/system/kubelet.service.d/21-kubelet-authenticator-node-name.conf";
+
+/// The node name a KubeadmConfig spec's `files` tell the plugin (`KUBELET_AUTHENTICATOR_NODE_NAME`
+/// in [`NODE_NAME_DROPIN`], its only setting), as written before cloud-init renders it.
+fn told_node_name(spec: &Value) -> Option<String> {
+    let file = spec["files"]
+        .as_array()?
+        .iter()
+        .find(|f| f["path"] == NODE_NAME_DROPIN)?;
+    let content = file["content"].as_str().unwrap();
+    let settings: Vec<&str> = content
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(settings.len(), 2, "[Service] and one Environment=: {content}");
+    assert_eq!(settings[0], "[Service]", "{content}");
+    Some(
+        settings[1]
+            .strip_prefix("Environment=KUBELET_AUTHENTICATOR_NODE_NAME=")
+            .unwrap_or_else(|| panic!("{content}"))
+            .to_owned(),
+    )
+}
+
 #[test]
 fn the_per_cloud_templates_validate_and_name_nodes_as_their_providers_do() {
     let schemas = schemas();
@@ -160,8 +186,8 @@ fn the_per_cloud_templates_validate_and_name_nodes_as_their_providers_do() {
         ),
         (
             "images/kubeadm/kubeadm-config-template-gcp.yaml",
-            "gce://",
-            "{{ v1.local_hostname.split('.')[0] }}",
+            "gce://${GCP_PROJECT}/",
+            "{{ ds.meta_data.local_hostname.split(\".\")[0] }}",
         ),
     ] {
         let template = yaml_documents(file).remove(0);
@@ -170,6 +196,11 @@ fn the_per_cloud_templates_validate_and_name_nodes_as_their_providers_do() {
         let spec = &config["spec"];
         let registration = &spec["joinConfiguration"]["nodeRegistration"];
         assert_eq!(registration["name"], name, "{file}");
+        assert_eq!(
+            told_node_name(spec).as_deref(),
+            Some(name),
+            "{file}: the plugin is told the name"
+        );
         let provider_id = spec["files"]
             .as_array()
             .unwrap()
@@ -254,12 +285,19 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
             .is_none(),
         "an unmodified kubeadm join: no preflight check skipped"
     );
+    // No node name: kubeadm's and the plugin's are both the hostname.
+    assert!(spec["joinConfiguration"]["nodeRegistration"].get("name").is_none());
+    assert_eq!(told_node_name(spec), None);
 
-    // The ClusterClass patch turns a stock worker template into the same configuration.
+    // The ClusterClass patch turns a stock worker template, whatever name it gives, into the
+    // AWS flavour: CAPA's files and node name, told to the plugin.
+    let aws = as_kubeadm_config(&yaml_documents("images/kubeadm/kubeadm-config-template-aws.yaml").remove(0));
+    let aws = &aws["spec"];
     let patch = yaml_documents("images/kubeadm/clusterclass-patch.yaml").remove(0);
     let mut stock = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfigTemplate",
         "metadata": {"name": "default-worker"},
         "spec": {"template": {"spec": {"files": [], "joinConfiguration": {"nodeRegistration": {
+            "name": "{{ v1.local_hostname }}",
             "kubeletExtraArgs": [{"name": "eviction-hard", "value": "nodefs.available<0%"}]}}}}}});
     for definition in patch["definitions"].as_array().unwrap() {
         if definition["selector"]["kind"] != "KubeadmConfigTemplate" {
@@ -270,10 +308,14 @@ fn the_shipped_kubeadm_node_configuration_validates_and_says_what_kubeadm_needs(
     }
     let patched = as_kubeadm_config(&stock);
     validate(&schemas, &patched).unwrap_or_else(|e| panic!("clusterclass-patch.yaml applied: {e}"));
-    assert_eq!(patched["spec"]["files"], spec["files"]);
+    assert_eq!(patched["spec"]["files"], aws["files"]);
     assert_eq!(
         patched["spec"]["joinConfiguration"]["patches"],
-        spec["joinConfiguration"]["patches"]
+        aws["joinConfiguration"]["patches"]
+    );
+    assert_eq!(
+        patched["spec"]["joinConfiguration"]["nodeRegistration"]["name"],
+        aws["joinConfiguration"]["nodeRegistration"]["name"]
     );
     assert!(
         patched["spec"]["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
@@ -306,12 +348,21 @@ fn the_control_plane_configuration_validates_and_matches_the_workers() {
     for (file, scheme) in [
         ("images/kubeadm/kubeadm-control-plane.yaml", "aws:///"),
         ("images/kubeadm/kubeadm-control-plane-aws.yaml", "aws:///"),
-        ("images/kubeadm/kubeadm-control-plane-gcp.yaml", "gce://"),
+        ("images/kubeadm/kubeadm-control-plane-gcp.yaml", "gce://${GCP_PROJECT}/"),
     ] {
         let kcp = yaml_documents(file).remove(0);
         assert_eq!(kcp["kind"], "KubeadmControlPlane", "{file}");
         let spec = &kcp["spec"]["kubeadmConfigSpec"];
         validate(&schemas, &as_control_plane_config(spec)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        // The first node (its adoption) and the joining ones ask for the name they register.
+        let told = told_node_name(spec);
+        for phase in ["initConfiguration", "joinConfiguration"] {
+            assert_eq!(
+                spec[phase]["nodeRegistration"]["name"].as_str(),
+                told.as_deref(),
+                "{file}: {phase}: the name the plugin is told (none: the hostname both)"
+            );
+        }
         assert_eq!(
             kubelet_patch(spec),
             kubelet_patch(&worker["spec"]),
@@ -345,8 +396,8 @@ fn the_control_plane_configuration_validates_and_matches_the_workers() {
         }
     }
 
-    // The ClusterClass patch turns a stock KubeadmControlPlaneTemplate into the same.
-    let shipped = yaml_documents("images/kubeadm/kubeadm-control-plane.yaml").remove(0);
+    // The ClusterClass patch turns a stock KubeadmControlPlaneTemplate into the AWS flavour.
+    let shipped = yaml_documents("images/kubeadm/kubeadm-control-plane-aws.yaml").remove(0);
     let shipped = &shipped["spec"]["kubeadmConfigSpec"];
     let patch = yaml_documents("images/kubeadm/clusterclass-patch.yaml").remove(0);
     let definition = patch["definitions"]
@@ -360,7 +411,7 @@ fn the_control_plane_configuration_validates_and_matches_the_workers() {
         "metadata": {"name": "default-control-plane"},
         "spec": {"template": {"spec": {"kubeadmConfigSpec": {"files": [],
             "initConfiguration": {"nodeRegistration": {"kubeletExtraArgs": []}},
-            "joinConfiguration": {"nodeRegistration": {"kubeletExtraArgs": []}}}}}}});
+            "joinConfiguration": {"nodeRegistration": {"name": "{{ v1.local_hostname }}", "kubeletExtraArgs": []}}}}}}});
     let ops: json_patch::Patch = serde_json::from_value(definition["jsonPatches"].clone()).unwrap();
     json_patch::patch(&mut stock, &ops).unwrap();
     let patched = &stock["spec"]["template"]["spec"]["kubeadmConfigSpec"];
@@ -369,6 +420,10 @@ fn the_control_plane_configuration_validates_and_matches_the_workers() {
     assert_eq!(patched["files"], shipped["files"]);
     for phase in ["initConfiguration", "joinConfiguration"] {
         assert_eq!(patched[phase]["patches"], shipped[phase]["patches"], "{phase}");
+        assert_eq!(
+            patched[phase]["nodeRegistration"]["name"], shipped[phase]["nodeRegistration"]["name"],
+            "{phase}"
+        );
         assert_eq!(
             patched[phase]["nodeRegistration"]["kubeletExtraArgs"],
             shipped[phase]["nodeRegistration"]["kubeletExtraArgs"],
@@ -415,6 +470,7 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
     validate(&schemas, &config).unwrap_or_else(|e| panic!("{file}: {e}"));
     let registration = &config["spec"]["joinConfiguration"]["nodeRegistration"];
     assert_eq!(registration["name"], capz_name, "{file}");
+    assert_eq!(told_node_name(&config["spec"]).as_deref(), Some(capz_name), "{file}");
     no_provider_id(file, &config["spec"], registration);
     assert_eq!(
         kubelet_patch(&config["spec"]),
@@ -428,6 +484,7 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
     let spec = &kcp["spec"]["kubeadmConfigSpec"];
     validate(&schemas, &as_control_plane_config(spec)).unwrap_or_else(|e| panic!("{file}: {e}"));
     assert_eq!(kubelet_patch(spec), kubelet_patch(&reference["spec"]), "{file}");
+    assert_eq!(told_node_name(spec).as_deref(), Some(capz_name), "{file}");
     for phase in ["initConfiguration", "joinConfiguration"] {
         let registration = &spec[phase]["nodeRegistration"];
         assert_eq!(registration["name"], capz_name, "{file}: {phase}");
