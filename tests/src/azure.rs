@@ -434,7 +434,11 @@ pub fn key() -> NodeKey {
 /// A loopback Azure Instance Metadata Service for one VM: `GET /metadata/attested/document`
 /// (`?api-version=..&nonce=..`, header `Metadata: true`, else 400) signs the VM's statement
 /// with the nonce asked, created now; `GET /metadata/instance/compute/resourceId` (`format=text`)
-/// answers the VM's resource ID. The plugin reaches it through `AZURE_METADATA_ENDPOINT`.
+/// answers the VM's resource ID; `GET /metadata/instance?api-version=..` (what cloud-init's
+/// Azure datasource reads) answers the instance document: `compute` with the VM's `name`, its
+/// `osProfile.computerName` (the same name: CAPZ creates a VM with its computer name set to the
+/// VM's name), `resourceId`, `vmId`, `subscriptionId`, `resourceGroupName`, `location`. The
+/// plugin reaches it through `AZURE_METADATA_ENDPOINT`.
 pub struct ImdsStandIn {
     server: crate::cloud::Loop,
     documents: Arc<std::sync::atomic::AtomicUsize>,
@@ -472,6 +476,36 @@ impl ImdsStandIn {
                     )
                 }
                 "/metadata/instance/compute/resourceId" => Response::text(200, &resource_id),
+                "/metadata/instance" => {
+                    if request.query("api-version").is_none() {
+                        return Response::new(
+                            400,
+                            "application/json; charset=utf-8",
+                            json!({"error": "Bad request. api-version was not specified in the request"}).to_string(),
+                        );
+                    }
+                    let part = |name: &str| {
+                        let mut parts = resource_id.split('/');
+                        parts.by_ref().find(|p| p.eq_ignore_ascii_case(name));
+                        parts.next().unwrap_or_default().to_owned()
+                    };
+                    let name = resource_id.rsplit('/').next().unwrap_or_default();
+                    let vm_id = v.lock().unwrap().clone();
+                    Response::new(
+                        200,
+                        "application/json; charset=utf-8",
+                        json!({"compute": {
+                            "azEnvironment": "AzurePublicCloud", "location": "eastus", "name": name,
+                            "osProfile": {"adminUsername": "capi", "computerName": name, "disablePasswordAuthentication": "true"},
+                            "osType": "Linux", "platformFaultDomain": "0", "platformUpdateDomain": "0",
+                            "resourceGroupName": part("resourceGroups"), "resourceId": resource_id,
+                            "subscriptionId": subscription, "vmId": vm_id, "vmSize": "Standard_D2s_v3", "zone": ""},
+                            "network": {"interface": [{"ipv4": {"ipAddress": [{"privateIpAddress": "10.1.0.4", "publicIpAddress": ""}],
+                                "subnet": [{"address": "10.1.0.0", "prefix": "16"}]}, "ipv6": {"ipAddress": []},
+                                "macAddress": "000D3A0F2B1C"}]}})
+                        .to_string(),
+                    )
+                }
                 _ => Response::text(404, "Not Found"),
             }
         });

@@ -312,6 +312,12 @@ impl GceInstance {
         format!("gce://{}/{}/{}", self.project_id, self.zone, self.instance_name)
     }
 
+    /// The hostname the metadata server gives it (`instance/hostname`): its zonal internal DNS
+    /// name, `<instance_name>.<zone>.c.<project_id>.internal`.
+    pub fn hostname(&self) -> String {
+        format!("{}.{}.c.{}.internal", self.instance_name, self.zone, self.project_id)
+    }
+
     /// [`GoogleSigner::claims`] for this instance.
     pub fn claims(&self, audience: &str, iat: i64) -> Value {
         GoogleSigner::claims(
@@ -902,12 +908,16 @@ pub(crate) fn http_loop(name: &str, mut handler: impl FnMut(&Request) -> Respons
 // The Compute Engine metadata server
 // ------------------------------------------------------------------------------------------
 
+/// The project number the stand-in's instances live in (`instance/zone` names it).
+pub const GCE_PROJECT_NUMBER: &str = "469871241317";
+
 /// The identity endpoint of the metadata server.
 pub const GCE_IDENTITY_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/identity";
 
 /// A loopback Compute Engine metadata server answering
 /// `GET /computeMetadata/v1/instance/service-accounts/default/identity?audience=..&format=full`
-/// with a token minted at the time of the request by the signer's current key. Like the real
+/// with a token minted at the time of the request by the signer's current key, and what
+/// cloud-init's GCE datasource reads ([`GceMetadataStandIn::instance_metadata`]). Like the real
 /// one, it requires `Metadata-Flavor: Google` and refuses `X-Forwarded-For` (403), and answers
 /// with `Metadata-Flavor: Google`; without `format=full` the token has no `google` claim.
 pub struct GceMetadataStandIn {
@@ -943,11 +953,14 @@ impl GceMetadataStandIn {
                     "Missing Metadata-Flavor:Google header or X-Forwarded-For present",
                 ));
             }
-            if request.path != GCE_IDENTITY_PATH {
-                return flavored(Response::text(404, "Not Found"));
-            }
             if request.method != "GET" {
                 return flavored(Response::text(405, "Method Not Allowed"));
+            }
+            if request.path != GCE_IDENTITY_PATH {
+                return flavored(match Self::instance_metadata(&instance, request) {
+                    Some((content_type, body)) => Response::new(200, content_type, body),
+                    None => Response::text(404, "Not Found"),
+                });
             }
             let Some(audience) = request.query("audience").filter(|a| !a.is_empty()) else {
                 return flavored(Response::text(400, "non-empty audience parameter required"));
@@ -970,6 +983,28 @@ impl GceMetadataStandIn {
             tokens,
             iat_offset,
             audiences,
+        }
+    }
+
+    /// The instance's own metadata as the server serves it (content type and body), for
+    /// `instance/id`, `instance/name`, `instance/zone` (`projects/<number>/zones/<zone>`),
+    /// `instance/hostname` ([`GceInstance::hostname`]), `project/project-id`,
+    /// `project/numeric-project-id`, and `instance/attributes/` and `project/attributes/` with
+    /// `recursive=true` (none set: `{}`); `None` for any other path.
+    fn instance_metadata(instance: &GceInstance, request: &Request) -> Option<(&'static str, String)> {
+        let text = |value: &str| Some(("application/text", value.to_owned()));
+        let recursive = request
+            .query("recursive")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        match request.path.strip_prefix("/computeMetadata/v1/")? {
+            "instance/id" => text(&instance.instance_id),
+            "instance/name" => text(&instance.instance_name),
+            "instance/zone" => text(&format!("projects/{GCE_PROJECT_NUMBER}/zones/{}", instance.zone)),
+            "instance/hostname" => text(&instance.hostname()),
+            "project/project-id" => text(&instance.project_id),
+            "project/numeric-project-id" => text(GCE_PROJECT_NUMBER),
+            "instance/attributes/" | "project/attributes/" if recursive => Some(("application/json", "{}".to_owned())),
+            _ => None,
         }
     }
 
@@ -1040,14 +1075,18 @@ struct ImdsState {
     role: String,
     credentials: RoleCredentials,
     tokens: Vec<(String, Instant)>,
+    meta_data: std::collections::BTreeMap<String, String>,
 }
 
 /// A loopback EC2 instance metadata service with IMDSv2 required: `PUT /latest/api/token`
 /// (with `X-aws-ec2-metadata-token-ttl-seconds`, 1 to 21600) hands out a random session token;
 /// every GET needs `X-aws-ec2-metadata-token` naming a live one (401 otherwise) and serves
-/// `/latest/dynamic/instance-identity/rsa2048`, `/latest/meta-data/iam/security-credentials/`
-/// (the role's name) and `/latest/meta-data/iam/security-credentials/<role>` (the credentials
-/// JSON). `X-Forwarded-For` is refused (403), as the real service does.
+/// `/latest/dynamic/instance-identity/rsa2048` and the `meta-data` tree under `/latest/` or a
+/// dated version (`/2021-03-23/`, as cloud-init asks): `iam/security-credentials/` (the role's
+/// name), `iam/security-credentials/<role>` (the credentials JSON), the entries given to
+/// [`ImdsV2StandIn::set_meta_data`] (`local-hostname`, `placement/availability-zone`, ...), and
+/// each folder's listing (one name a line, a folder's ending in `/`). `X-Forwarded-For` is
+/// refused (403), as the real service does.
 pub struct ImdsV2StandIn {
     server: Loop,
     state: Arc<Mutex<ImdsState>>,
@@ -1117,15 +1156,43 @@ fn imds_answer(state: &Mutex<ImdsState>, request: &Request) -> Response {
     if !authorized {
         return Response::text(401, "Unauthorized");
     }
-    const CREDENTIALS: &str = "/latest/meta-data/iam/security-credentials/";
-    match request.path.as_str() {
-        "/latest/dynamic/instance-identity/rsa2048" => Response::text(200, &state.rsa2048),
-        CREDENTIALS => Response::text(200, &state.role),
-        path => match path.strip_prefix(CREDENTIALS) {
-            Some(role) if role == state.role => Response::text(200, &credentials_json(&state.credentials)),
-            _ => Response::text(404, "Not Found"),
-        },
+    if request.path == "/latest/dynamic/instance-identity/rsa2048" {
+        return Response::text(200, &state.rsa2048);
     }
+    // /<version>/meta-data/<entry>: "latest" or a dated version such as 2021-03-23.
+    let Some((version, entry)) = request
+        .path
+        .strip_prefix('/')
+        .and_then(|p| p.split_once('/'))
+        .and_then(|(version, rest)| Some((version, rest.strip_prefix("meta-data/")?)))
+    else {
+        return Response::text(404, "Not Found");
+    };
+    let dated = version.len() == 10 && version.chars().all(|c| c.is_ascii_digit() || c == '-');
+    if version != "latest" && !dated {
+        return Response::text(404, "Not Found");
+    }
+    let mut tree = state.meta_data.clone();
+    tree.insert(
+        format!("iam/security-credentials/{}", state.role),
+        credentials_json(&state.credentials),
+    );
+    if let Some(value) = tree.get(entry) {
+        return Response::text(200, value);
+    }
+    // A folder: its children's names, a folder's with its `/`.
+    if entry.is_empty() || entry.ends_with('/') {
+        let mut children: Vec<&str> = tree
+            .keys()
+            .filter_map(|key| key.strip_prefix(entry))
+            .map(|rest| rest.find('/').map_or(rest, |slash| &rest[..=slash]))
+            .collect();
+        children.dedup();
+        if !children.is_empty() {
+            return Response::text(200, &children.join("\n"));
+        }
+    }
+    Response::text(404, "Not Found")
 }
 
 impl ImdsV2StandIn {
@@ -1137,6 +1204,7 @@ impl ImdsV2StandIn {
             role: role.to_owned(),
             credentials: credentials.into(),
             tokens: Vec::new(),
+            meta_data: std::collections::BTreeMap::new(),
         }));
         let requests = Arc::new(AtomicUsize::new(0));
         let (s, r) = (state.clone(), requests.clone());
@@ -1164,6 +1232,15 @@ impl ImdsV2StandIn {
     /// Replaces the `rsa2048` body.
     pub fn set_rsa2048(&self, rsa2048_b64: String) {
         lock(&self.state).rsa2048 = rsa2048_b64;
+    }
+
+    /// Serves these `meta-data` entries (path under `meta-data/`, value), as EC2 does for the
+    /// instance: `local-hostname`, `instance-id`, `placement/availability-zone`, ...
+    pub fn set_meta_data(&self, entries: &[(&str, &str)]) {
+        lock(&self.state).meta_data = entries
+            .iter()
+            .map(|(path, value)| ((*path).to_owned(), (*value).to_owned()))
+            .collect();
     }
 
     /// Forgets every session token handed out (as a reboot of the service would).

@@ -1,8 +1,9 @@
 //! A kubeadm node on this host, for the suites that run kubeadm itself (`envtest_kubeadm`'s
-//! `kubeadm join`, `envtest_kubeadm_init`'s `kubeadm init` phases): a private mount and UTS
-//! namespace in which temporary folders stand for `/etc/kubernetes` and `/var/lib/kubelet`,
-//! the plugin for its install path and a stub for `systemctl`; and systemd's part, the unit's
-//! drop-ins read and run as systemd would.
+//! `kubeadm join`, `envtest_kubeadm_init`'s `kubeadm init` phases, `envtest_kubeadm_clouds`'
+//! joins on each cloud's flavour): a private mount and UTS namespace in which temporary folders
+//! stand for `/etc/kubernetes`, `/var/lib/kubelet` and kubelet's drop-in folder
+//! `/etc/systemd/system/kubelet.service.d`, the plugin for its install path and a stub for
+//! `systemctl`; and systemd's part, the unit's drop-ins read and run as systemd would.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
@@ -37,6 +38,15 @@ pub const SYSTEMD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub const ETC_KUBERNETES: &str = "/etc/kubernetes";
 /// The node's `/var/lib/kubelet` (bind-mounted in its namespace).
 pub const VAR_LIB_KUBELET: &str = "/var/lib/kubelet";
+/// The node's folder of kubelet drop-ins under `/etc` (bind-mounted in its namespace), where
+/// the role's drop-in and those a bootstrap provider writes go.
+pub const KUBELET_DROPINS: &str = "/etc/systemd/system/kubelet.service.d";
+/// The node folders bind-mounted in its namespace, and their folders here.
+const NODE_FOLDERS: [(&str, &str); 3] = [
+    (ETC_KUBERNETES, "etc-kubernetes"),
+    (VAR_LIB_KUBELET, "var-lib-kubelet"),
+    (KUBELET_DROPINS, "kubelet-dropins"),
+];
 
 /// The envtest folder, when this host can run kubelet and kubeadm here; otherwise panics
 /// saying what is missing (`scripts/test` skips the suite then).
@@ -148,14 +158,18 @@ pub fn role_variables(overrides: &[(&str, &str)]) -> BTreeMap<String, String> {
 /// kubelet's unit on an image baked with the role (`role`, its variables): kubeadm's
 /// `10-kubeadm.conf`, then the role's drop-in rendered.
 pub fn role_unit(role: &BTreeMap<String, String>) -> Unit {
+    Unit::read(&[KUBEADM_DROPIN, &role_dropin(role)])
+}
+
+/// The role's drop-in rendered with `role` (its variables).
+pub fn role_dropin(role: &BTreeMap<String, String>) -> String {
     let template = std::fs::read_to_string(
         crate::repo_root()
             .join(ROLE)
             .join("templates/20-kubelet-authenticator.conf.j2"),
     )
     .expect("the role's drop-in");
-    let dropin = render(&template, |name| role.get(name).cloned());
-    Unit::read(&[KUBEADM_DROPIN, &dropin])
+    render(&template, |name| role.get(name).cloned())
 }
 
 /// The `[Service]` settings of a unit's drop-ins, in the order systemd reads them.
@@ -271,7 +285,7 @@ impl NodeNamespace {
         let dir = tempfile::tempdir().expect("temporary directory");
         recorder.folder(dir.path());
         let d = dir.path();
-        for sub in ["etc-kubernetes", "var-lib-kubelet"] {
+        for (_, sub) in NODE_FOLDERS {
             std::fs::create_dir(d.join(sub)).unwrap();
         }
         let stub = d.join("systemctl");
@@ -292,15 +306,17 @@ impl NodeNamespace {
         systemctls.sort();
         systemctls.dedup();
 
-        host.mount_point(Path::new(ETC_KUBERNETES), MountPoint::Folder);
-        host.mount_point(Path::new(VAR_LIB_KUBELET), MountPoint::Folder);
+        for (folder, _) in NODE_FOLDERS {
+            host.mount_point(Path::new(folder), MountPoint::Folder);
+        }
         host.mount_point(Path::new(install_path), MountPoint::File);
         let mut script = String::from("set -eu\n");
         let mut bind = |from: &Path, onto: &Path| {
             script.push_str(&format!("mount --bind '{}' '{}'\n", from.display(), onto.display()));
         };
-        bind(&d.join("etc-kubernetes"), Path::new(ETC_KUBERNETES));
-        bind(&d.join("var-lib-kubelet"), Path::new(VAR_LIB_KUBELET));
+        for (folder, sub) in NODE_FOLDERS {
+            bind(&d.join(sub), Path::new(folder));
+        }
         bind(plugin, Path::new(install_path));
         for systemctl in &systemctls {
             bind(&stub, systemctl);
@@ -335,15 +351,42 @@ impl NodeNamespace {
         namespace
     }
 
-    /// The host path behind a node path under `/etc/kubernetes` or `/var/lib/kubelet`; panics
-    /// for any other (it would be the host's own).
+    /// The host path behind a node path under `/etc/kubernetes`, `/var/lib/kubelet` or
+    /// [`KUBELET_DROPINS`]; panics for any other (it would be the host's own).
     pub fn path(&self, node_path: &str) -> PathBuf {
-        for (mount, sub) in [(ETC_KUBERNETES, "etc-kubernetes"), (VAR_LIB_KUBELET, "var-lib-kubelet")] {
+        for (mount, sub) in NODE_FOLDERS {
             if let Ok(rest) = Path::new(node_path).strip_prefix(mount) {
                 return self.dir.path().join(sub).join(rest);
             }
         }
-        panic!("{node_path} is not under {ETC_KUBERNETES} or {VAR_LIB_KUBELET}, the node's own folders here");
+        panic!(
+            "{node_path} is not under {ETC_KUBERNETES}, {VAR_LIB_KUBELET} or {KUBELET_DROPINS}, the node's own folders here"
+        );
+    }
+
+    /// Installs the role's drop-in rendered with `role` where the role puts it
+    /// (`kubelet_authenticator_dropin`), as on an image it baked.
+    pub fn install_role_dropin(&self, role: &BTreeMap<String, String>) {
+        let path = self.path(&role["kubelet_authenticator_dropin"]);
+        std::fs::write(path, role_dropin(role)).expect("the role's drop-in");
+    }
+
+    /// kubelet's unit as systemd reads it now (what a `systemctl daemon-reload` loads): kubeadm's
+    /// `10-kubeadm.conf` (the packages' `/usr/lib/systemd/system/kubelet.service.d`) and the
+    /// `*.conf` of the node's [`KUBELET_DROPINS`], merged by file name (one in `/etc` wins over
+    /// one of the same name) in the order of their names, as systemd merges drop-ins.
+    pub fn unit(&self) -> Unit {
+        let mut dropins: BTreeMap<String, String> = BTreeMap::new();
+        dropins.insert("10-kubeadm.conf".to_owned(), KUBEADM_DROPIN.to_owned());
+        for entry in std::fs::read_dir(self.path(KUBELET_DROPINS)).expect("the drop-in folder") {
+            let path = entry.expect("a drop-in").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            if name.ends_with(".conf") {
+                dropins.insert(name, std::fs::read_to_string(&path).expect("a drop-in's text"));
+            }
+        }
+        let texts: Vec<&str> = dropins.values().map(String::as_str).collect();
+        Unit::read(&texts)
     }
 
     /// The image as the `kubelet_authenticator` role leaves it (`role`, its variables):
@@ -358,10 +401,16 @@ impl NodeNamespace {
     /// The bootstrap provider's `files` (a KubeadmConfig's), with cloud-init's values looked up
     /// in `metadata`, written with their permissions.
     pub fn write_files(&self, files: &serde_json::Value, metadata: impl Fn(&str) -> Option<String>) {
+        self.write_files_as(files, |content| render(content, &metadata));
+    }
+
+    /// The bootstrap provider's `files`, each content as `rendered` gives it (cloud-init's
+    /// rendering, say), written with their permissions.
+    pub fn write_files_as(&self, files: &serde_json::Value, rendered: impl Fn(&str) -> String) {
         for file in files.as_array().expect("files") {
             let on_host = self.path(file["path"].as_str().expect("path"));
             std::fs::create_dir_all(on_host.parent().expect("a folder")).expect("folder");
-            std::fs::write(&on_host, render(file["content"].as_str().expect("content"), &metadata)).expect("file");
+            std::fs::write(&on_host, rendered(file["content"].as_str().expect("content"))).expect("file");
             let mode = u32::from_str_radix(file["permissions"].as_str().expect("permissions"), 8).expect("mode");
             std::fs::set_permissions(&on_host, std::fs::Permissions::from_mode(mode)).expect("file mode");
         }

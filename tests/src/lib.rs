@@ -8,6 +8,7 @@ pub mod ca;
 pub mod cabpk;
 pub mod capi;
 pub mod cloud;
+pub mod cloud_init;
 pub mod csr;
 pub mod envtest;
 pub mod fleet;
