@@ -14,6 +14,7 @@ pub mod envtest;
 pub mod fleet;
 pub mod kubeadm_node;
 pub mod kubelet;
+pub mod lifecycle;
 pub mod live;
 pub mod moto;
 pub mod pkcs10;
