@@ -12,12 +12,14 @@
 //!   `i-0c0ffee0123456789.us-west-2.compute.internal`) while the kernel hostname is the short
 //!   name cloud-init sets; `aws/v1` with an identity document of a test CA and the instance
 //!   role's session from moto's STS (PyPI `moto[server]`).
-//! - `kubeadm-config-template-gcp.yaml`: the GCE metadata server
-//!   ([`tests::cloud::GceMetadataStandIn`]: `instance/hostname` the zonal DNS name, identity
-//!   tokens of a test Google key whose JWKS the signer fetches over loopback HTTPS).
-//! - `kubeadm-config-template-azure.yaml`: Azure IMDS ([`tests::azure::ImdsStandIn`]: the
-//!   instance document with the VM's computer name, attested documents of a synthetic Microsoft
-//!   PKI) and Entra ID and ARM for the signer ([`tests::azure::ArmStandIn`]).
+//! - `kubeadm-config-template-gcp.yaml` and `kubeadm-control-plane-gcp.yaml` (the same, with
+//!   `--control-plane`): the GCE metadata server ([`tests::cloud::GceMetadataStandIn`]:
+//!   `instance/hostname` the zonal DNS name, identity tokens of a test Google key whose JWKS the
+//!   signer fetches over loopback HTTPS).
+//! - `kubeadm-config-template-azure.yaml` and `kubeadm-control-plane-azure.yaml` (the same, with
+//!   `--control-plane`): Azure IMDS ([`tests::azure::ImdsStandIn`]: the instance document with
+//!   the VM's computer name, attested documents of a synthetic Microsoft PKI) and Entra ID and
+//!   ARM for the signer ([`tests::azure::ArmStandIn`]).
 //!
 //! cloud-init's part is [`tests::cloud_init`]: its datasource reads the stand-in as cloud-init's
 //! does, the node's kernel hostname is the short name cloud-init sets, and the flavour's
@@ -38,7 +40,7 @@
 //! external, so a joining control plane has no member to add), as in `envtest_kubeadm`. The
 //! nodes join one after another and each is stopped once checked: they share the cluster's
 //! kubelet configuration, whose ports kubeadm's health check asks. Worker joins skip
-//! `envtest_kubeadm`'s environment preflight checks only; the control-plane join skips the phases
+//! `envtest_kubeadm`'s environment preflight checks only; the control-plane joins skip the phases
 //! `envtest_kubeadm_init` skips (static pods whose images this machine cannot pull, the
 //! certificates of the control plane it would run).
 //!
@@ -46,7 +48,7 @@
 //! plugin filed (with the Machine's join token) and the claim on the Machine are the provider's
 //! name for the instance; the CSR's signer is the cloud's (`aws/v1`, `gcp/v1`, `azure/v1`) and
 //! it was approved by the signer; kubelet's kubeconfig runs the plugin with `--node-name` that
-//! name; no Node has the kernel hostname where it differs; the joining control plane is marked
+//! name; no Node has the kernel hostname where it differs; a joining control plane is marked
 //! so by kubeadm. The cloud-init example of `images/image-builder/cloud-init` is rendered from
 //! EC2's metadata as cloud-init renders it (its own test, no real part needed).
 
@@ -131,7 +133,9 @@ enum Flavour {
     AwsWorker,
     AwsControlPlane,
     GcpWorker,
+    GcpControlPlane,
     AzureWorker,
+    AzureControlPlane,
 }
 
 impl Flavour {
@@ -140,8 +144,18 @@ impl Flavour {
             Self::AwsWorker => "images/kubeadm/kubeadm-config-template-aws.yaml",
             Self::AwsControlPlane => "images/kubeadm/kubeadm-control-plane-aws.yaml",
             Self::GcpWorker => "images/kubeadm/kubeadm-config-template-gcp.yaml",
+            Self::GcpControlPlane => "images/kubeadm/kubeadm-control-plane-gcp.yaml",
             Self::AzureWorker => "images/kubeadm/kubeadm-config-template-azure.yaml",
+            Self::AzureControlPlane => "images/kubeadm/kubeadm-control-plane-azure.yaml",
         }
+    }
+
+    /// A KubeadmControlPlane's flavour: its Machine joins with `kubeadm join --control-plane`.
+    fn control_plane(self) -> bool {
+        matches!(
+            self,
+            Self::AwsControlPlane | Self::GcpControlPlane | Self::AzureControlPlane
+        )
     }
 
     /// The KubeadmConfig spec its Machines get: a template's, or the control plane's
@@ -149,25 +163,26 @@ impl Flavour {
     fn spec(self) -> Value {
         let text = std::fs::read_to_string(tests::repo_root().join(self.file())).unwrap();
         let document: Value = serde_yaml::from_str(&clusterctl(&text, &[("GCP_PROJECT", GCP_PROJECT)])).unwrap();
-        match self {
-            Self::AwsControlPlane => document["spec"]["kubeadmConfigSpec"].clone(),
-            _ => document["spec"]["template"]["spec"].clone(),
+        if self.control_plane() {
+            document["spec"]["kubeadmConfigSpec"].clone()
+        } else {
+            document["spec"]["template"]["spec"].clone()
         }
     }
 
     fn attestor(self) -> &'static str {
         match self {
             Self::AwsWorker | Self::AwsControlPlane => "aws",
-            Self::GcpWorker => "gcp",
-            Self::AzureWorker => "azure",
+            Self::GcpWorker | Self::GcpControlPlane => "gcp",
+            Self::AzureWorker | Self::AzureControlPlane => "azure",
         }
     }
 
     fn signer(self) -> &'static str {
         match self {
             Self::AwsWorker | Self::AwsControlPlane => SIGNER_AWS,
-            Self::GcpWorker => SIGNER_GCP,
-            Self::AzureWorker => SIGNER_AZURE,
+            Self::GcpWorker | Self::GcpControlPlane => SIGNER_GCP,
+            Self::AzureWorker | Self::AzureControlPlane => SIGNER_AZURE,
         }
     }
 }
@@ -252,7 +267,7 @@ async fn join(
         format!("# The suite's: where the cloud's metadata service is here.\n[Service]\n{endpoints}"),
     )
     .unwrap();
-    if flavour == Flavour::AwsControlPlane {
+    if flavour.control_plane() {
         // The control plane's CA, as Cluster API hands it to a joining control-plane Machine.
         std::fs::write(
             ns.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
@@ -296,7 +311,7 @@ async fn join(
         .as_array_mut()
         .unwrap()
         .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
-    let skips = if flavour == Flavour::AwsControlPlane {
+    let skips = if flavour.control_plane() {
         join["controlPlane"] = json!({"localAPIEndpoint": {"advertiseAddress": "192.0.2.11", "bindPort": c.port}});
         let skipped: Vec<&str> = CONTROL_PLANE_SKIPPED_PHASES.iter().map(|(p, _)| *p).collect();
         format!("--skip-phases={}", skipped.join(","))
@@ -415,7 +430,7 @@ async fn join(
     let registered = node(&c.w.admin, &name)
         .await
         .unwrap_or_else(|| panic!("{file}: no Node {name}\n{}", diagnostics(&kubelet)));
-    if flavour != Flavour::AzureWorker {
+    if flavour.attestor() != "azure" {
         assert_eq!(
             registered.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
             Some(spec.provider_id.as_str()),
@@ -428,7 +443,7 @@ async fn join(
             "{file}: a Node named after the kernel hostname"
         );
     }
-    if flavour == Flavour::AwsControlPlane {
+    if flavour.control_plane() {
         assert!(
             registered
                 .metadata
@@ -443,7 +458,7 @@ async fn join(
     let filed: Vec<_> = c.csrs.all().into_iter().filter(|s| s.username == requester).collect();
     // azure/v1's first CSR carries the challenge and is superseded by the answer.
     let superseded = |s: &tests::kubelet::Seen| {
-        flavour == Flavour::AzureWorker && s.refused.as_ref().is_some_and(|(_, r)| r == "Denied Superseded")
+        flavour.attestor() == "azure" && s.refused.as_ref().is_some_and(|(_, r)| r == "Denied Superseded")
     };
     assert!(
         filed
@@ -540,12 +555,16 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
     // addresses) and the KubeadmConfigs naming each one's join token.
     let aws_worker = ("i-0a1b2c3d4e5f60718", "ip-10-250-0-1.us-west-2.compute.internal");
     let aws_control_plane = ("i-0c0ffee0123456789", "i-0c0ffee0123456789.us-west-2.compute.internal");
-    let gce = GceInstance::new(GCP_PROJECT, GCP_ZONE, "4473882541632117237", "prod-md-gcp-7xk2p");
-    let azure_vm = "prod-md-azure-9fz4c";
-    let azure_vm_id = "5d6b0b0e-7f0a-4a43-9d0e-1c1e2b3a4f50";
-    let azure_resource_id = format!(
-        "/subscriptions/{SUBSCRIPTION}/resourceGroups/CAPZ-RG/providers/Microsoft.Compute/virtualMachines/{azure_vm}"
-    );
+    let gce_worker = GceInstance::new(GCP_PROJECT, GCP_ZONE, "4473882541632117237", "prod-md-gcp-7xk2p");
+    let gce_control_plane = GceInstance::new(GCP_PROJECT, GCP_ZONE, "8162734950128837461", "prod-cp-gcp-m4d8t");
+    // CAPZ's VMs: name and vmId; IMDS writes the resource group as created, CAPZ's provider ID
+    // lower-cases it.
+    let azure_worker = ("prod-md-azure-9fz4c", "5d6b0b0e-7f0a-4a43-9d0e-1c1e2b3a4f50");
+    let azure_control_plane = ("prod-cp-azure-q2w7h", "a3c1e8f2-46b9-4d0c-8e75-2f9d1b6c0e34");
+    let azure_resource_id = |vm: &str| {
+        format!("/subscriptions/{SUBSCRIPTION}/resourceGroups/CAPZ-RG/providers/Microsoft.Compute/virtualMachines/{vm}")
+    };
+    let azure_provider_id = |vm: &str| format!("azure://{}", azure_resource_id(vm).replace("/CAPZ-RG/", "/capz-rg/"));
     let nodes = [
         NodeSpec {
             flavour: Flavour::AwsWorker,
@@ -558,15 +577,15 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
             flavour: Flavour::GcpWorker,
             machine: "prod-md-gcp-7xk2p",
             token_id: "gcpwk0",
-            provider_id: gce.provider_id(),
-            provider_name: gce.instance_name.clone(),
+            provider_id: gce_worker.provider_id(),
+            provider_name: gce_worker.instance_name.clone(),
         },
         NodeSpec {
             flavour: Flavour::AzureWorker,
-            machine: azure_vm,
+            machine: azure_worker.0,
             token_id: "azrwk0",
-            provider_id: format!("azure://{}", azure_resource_id.replace("/CAPZ-RG/", "/capz-rg/")),
-            provider_name: azure_vm.to_owned(),
+            provider_id: azure_provider_id(azure_worker.0),
+            provider_name: azure_worker.0.to_owned(),
         },
         NodeSpec {
             flavour: Flavour::AwsControlPlane,
@@ -574,6 +593,20 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
             token_id: "awscp0",
             provider_id: format!("aws:///{AWS_ZONE}/{}", aws_control_plane.0),
             provider_name: aws_control_plane.1.to_owned(),
+        },
+        NodeSpec {
+            flavour: Flavour::GcpControlPlane,
+            machine: "prod-cp-gcp-m4d8t",
+            token_id: "gcpcp0",
+            provider_id: gce_control_plane.provider_id(),
+            provider_name: gce_control_plane.instance_name.clone(),
+        },
+        NodeSpec {
+            flavour: Flavour::AzureControlPlane,
+            machine: azure_control_plane.0,
+            token_id: "azrcp0",
+            provider_id: azure_provider_id(azure_control_plane.0),
+            provider_name: azure_control_plane.0.to_owned(),
         },
     ];
     for spec in &nodes {
@@ -597,7 +630,7 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
             ]),
             _ => json!([{"type": "InternalIP", "address": NODE_IP.to_string()}]),
         };
-        if spec.flavour == Flavour::AwsControlPlane {
+        if spec.flavour.control_plane() {
             machine["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
         }
         apply(&admin, &machine).await;
@@ -620,7 +653,9 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
     let jwks = JwksServer::start(google.clone());
     let azure_pki = Arc::new(AzurePki::new(&["eastus.metadata.azure.com", "metadata.azure.com"]));
     let arm = ArmStandIn::start();
-    arm.add_vm(&nodes[2].provider_id, azure_vm_id);
+    for (vm, vm_id) in [azure_worker, azure_control_plane] {
+        arm.add_vm(&azure_provider_id(vm), vm_id);
+    }
     let cloud_ca = dir.path().join("cloud-ca.pem");
     std::fs::write(&cloud_ca, format!("{}{}", jwks.ca_pem(), arm.ca_pem())).unwrap();
     let azure_ca = dir.path().join("azure-ca.pem");
@@ -822,14 +857,24 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
                 ];
                 (Box::new(imds), data, env)
             }
-            Flavour::GcpWorker => {
-                let metadata = GceMetadataStandIn::start(google.clone(), gce.clone());
+            Flavour::GcpWorker | Flavour::GcpControlPlane => {
+                let instance = if spec.flavour == Flavour::GcpWorker {
+                    &gce_worker
+                } else {
+                    &gce_control_plane
+                };
+                let metadata = GceMetadataStandIn::start(google.clone(), instance.clone());
                 let data = cloud_init::gce(&metadata.host());
                 let env = vec![("GCE_METADATA_HOST", metadata.host())];
                 (Box::new(metadata), data, env)
             }
-            Flavour::AzureWorker => {
-                let imds = ImdsStandIn::start(azure_pki.clone(), &azure_resource_id, azure_vm_id, SUBSCRIPTION);
+            Flavour::AzureWorker | Flavour::AzureControlPlane => {
+                let (vm, vm_id) = if spec.flavour == Flavour::AzureWorker {
+                    azure_worker
+                } else {
+                    azure_control_plane
+                };
+                let imds = ImdsStandIn::start(azure_pki.clone(), &azure_resource_id(vm), vm_id, SUBSCRIPTION);
                 let data = cloud_init::azure(&imds.endpoint());
                 let env = vec![("AZURE_METADATA_ENDPOINT", imds.endpoint())];
                 (Box::new(imds), data, env)
