@@ -353,6 +353,7 @@ impl Attestor for TpmAttestor {
                 csr_name: c.csr_name.to_owned(),
                 csr_uid: c.csr_uid.to_owned(),
             }),
+            event_log: None,
         };
         Ok(Some(data.encode()))
     }

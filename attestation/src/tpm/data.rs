@@ -199,6 +199,17 @@ pub struct TpmData {
     /// Phase 2: CSR #1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub challenge: Option<ChallengeRef>,
+    /// Phase 1: the TCG event log the firmware and boot loaders measured into the PCRs, as the
+    /// kernel exposes it (`binary_bios_measurements`), so a boot policy can be judged on the
+    /// events the quote's PCRs replay (SPEC section 5, revision 5). Optional: without a policy
+    /// the signer needs none.
+    #[serde(
+        rename = "eventLog",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "b64::option"
+    )]
+    pub event_log: Option<Vec<u8>>,
 }
 
 /// Largest DATA block read (the envelope caps the request at 64 KiB anyway).
@@ -381,6 +392,7 @@ mod tests {
                 csr_name: "node-csr-1".into(),
                 csr_uid: "u-1".into(),
             }),
+            event_log: None,
         }
     }
 
@@ -394,6 +406,24 @@ mod tests {
             assert!(text.contains(r#""ekPublic":"AAEC""#), "{text}");
             assert!(text.contains(r#""ekIntermediates":["BA==","BQY="]"#), "{text}");
         }
+    }
+
+    #[test]
+    fn the_event_log_round_trips_as_padded_base64_and_is_left_out_when_absent() {
+        let without = sample(1);
+        let text = String::from_utf8(without.encode()).unwrap();
+        assert!(!text.contains("eventLog"), "{text}");
+        let with = TpmData {
+            event_log: Some(vec![0xff, 0, 1, 2]),
+            ..sample(1)
+        };
+        let text = String::from_utf8(with.encode()).unwrap();
+        assert!(text.contains(r#""eventLog":"/wABAg==""#), "{text}");
+        assert_eq!(TpmData::parse(text.as_bytes()).unwrap(), with);
+        let unpadded = text.replace(r#""/wABAg==""#, r#""/wABAg""#);
+        assert!(TpmData::parse(unpadded.as_bytes()).is_err(), "{unpadded}");
+        let null = text.replace(r#""/wABAg==""#, "null");
+        assert_eq!(TpmData::parse(null.as_bytes()).unwrap().event_log, None, "{null}");
     }
 
     #[test]
