@@ -241,6 +241,11 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
                     report["recorded"]["reason"].as_str(),
                     "{csr}: the approval's reason is the recorded one: {report:#}"
                 );
+                let message = report["recorded"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("/worker-0, approved by replica "),
+                    "{csr}: the record names the Machine and the replica: {report:#}"
+                );
             }
             _ => {
                 assert_eq!(report["now"]["decision"], "Denied", "{csr}: {report:#}");
@@ -266,8 +271,8 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
         "the signer's Event: {hijack_report:#}"
     );
     assert!(
-        events.iter().any(|e| e["reason"] == "CertificateIssued"),
-        "{hijack_report:#}"
+        !events.iter().any(|e| e["reason"] == "CertificateIssued"),
+        "a certificate's record is its approval condition: {hijack_report:#}"
     );
     assert_eq!(hijack_report["otherCSRs"][0]["name"], "join-worker-0");
 

@@ -4,8 +4,10 @@
 //!   stays reachable: a Machine created meanwhile is absent from its cache, and the CSR that
 //!   comes for it a second later must wait, not be denied `MachineNotFound` (final) from the
 //!   stale cache. Once the connection is back, the CSR is issued.
-//! - Stopped between writing a certificate and recording it: whoever comes next records it,
-//!   once (one `CertificateIssued` Event, one count), however often that happens.
+//! - Stopped between approving a CSR and writing its certificate: the approval condition, which
+//!   names the Machine and the replica, is the record of the issuance (SPEC section 3, revision
+//!   5) and is there already; whoever comes next re-verifies and signs, and no Event is written
+//!   in the management cluster for any certificate.
 
 #![allow(clippy::unwrap_used)]
 
@@ -83,33 +85,30 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     assert_eq!(denied.reason(), Some("MachineNotFound"), "{denied:?}\n{}", signer.log());
 }
 
-/// The `CertificateIssued` Events of CSR `uid` in the Cluster's namespace.
-async fn issued_events(admin: &kube::Client, uid: &str) -> usize {
+/// The Events in the Cluster's namespace of the management cluster, as (object, reason).
+async fn management_events(admin: &kube::Client) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), capi::NAMESPACE);
     let events = api.list(&Default::default()).await.unwrap();
     events
         .items
         .iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("CertificateIssued")
-                && e.metadata.name.as_deref().is_some_and(|n| n.contains(uid))
+        .map(|e| {
+            let regarding = e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap_or_default();
+            (regarding, e.reason.clone().unwrap_or_default())
         })
-        .count()
+        .collect()
 }
 
-/// Restarts `signer` and waits until this incarnation has listed the workload cluster's CSRs
-/// (its recovery pass is then queued), so what it counts next is what that pass did.
-async fn restart_and_list(signer: &mut Signer) {
-    const LISTED: &str = "watching CSRs of the workload cluster";
-    let before = signer.log().matches(LISTED).count();
-    signer.restart();
-    for _ in 0..300 {
-        if signer.log().matches(LISTED).count() > before {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the restarted signer never listed the CSRs\n{}", signer.log());
+/// The message of CSR `name`'s `Approved` condition.
+async fn approval(csrs: &Api<CertificateSigningRequest>, name: &str) -> String {
+    let csr = csrs.get(name).await.unwrap();
+    csr.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Approved")
+        .map(|c| c.message.unwrap_or_default())
+        .unwrap_or_default()
 }
 
 /// Waits until `signer`'s `certificates_issued_total` is `expected`, then a moment more to see
@@ -128,7 +127,7 @@ async fn counted(signer: &Signer, expected: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
-async fn a_certificate_written_by_a_stopped_replica_is_recorded_once_by_whoever_comes_next() {
+async fn the_approval_is_the_record_of_an_issuance_and_a_stop_before_the_certificate_loses_nothing() {
     let env = Envtest::start("envtest_faults_record");
     env.install_capi_crds();
     let admin = live::client(&env.admin_kubeconfig).await;
@@ -136,51 +135,74 @@ async fn a_certificate_written_by_a_stopped_replica_is_recorded_once_by_whoever_
     for name in ["worker-0", "worker-1"] {
         w.add_machine(&admin, name, &pid(name)).await;
     }
-    let mut signer = Signer::start(Path::new(SIGNER_BIN), &w.env, &["--leader-elect=false"]).await;
+    let mut signer = Signer::start(
+        Path::new(SIGNER_BIN),
+        &w.env,
+        &["--leader-elect=false", "--replica-name=replica-a"],
+    )
+    .await;
     let csrs: Api<CertificateSigningRequest> = Api::all(w.admin.clone());
-    let uid_of = |csr: CertificateSigningRequest| csr.metadata.uid.unwrap();
 
-    // A join as it should go: one Event, one count.
+    // A join as it should go: its approval names the Machine and the replica, it is counted
+    // once, and the management cluster holds no Event for it.
     let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
     assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
-    let uid0 = uid_of(csrs.get("join-0").await.unwrap());
+    let record = approval(&csrs, "join-0").await;
+    assert!(
+        record.contains(&format!(
+            "Machine {}/worker-0, approved by replica replica-a_",
+            capi::NAMESPACE
+        )),
+        "{record}"
+    );
     counted(&signer, 1.0).await;
-    assert_eq!(issued_events(&admin, &uid0).await, 1);
+    let events = management_events(&admin).await;
+    assert!(
+        events.iter().all(|(object, _)| object != "worker-0"),
+        "no Event for a certificate: {events:?}"
+    );
 
-    // The replica stops right after writing worker-1's certificate: what it leaves is the CSR
-    // approved and its certificate, and nothing else.
+    // The replica stops right after approving worker-1's CSR, before the certificate: what it
+    // leaves is the CSR approved, its condition naming the replica, and nothing else.
     signer.kill();
     let request = RequestSpec::kubelet("worker-1", &pid("worker-1")).build();
     file_csr(&w.bootstrap, "join-1", SIGNER_INSECURE, &request, CLIENT_USAGES).await;
     let approve = serde_json::json!({"status": {"conditions": [{"type": "Approved", "status": "True",
-        "reason": "AttestedInsecureV1", "message": "approved before the stop"}]}});
+        "reason": "AttestedInsecureV1",
+        "message": format!("system:node:worker-1 attested by insecure/v1 for Machine {}/worker-1; approved by replica replica-a_1", capi::NAMESPACE)}]}});
     csrs.patch_subresource("approval", "join-1", &PatchParams::default(), &Patch::Merge(&approve))
         .await
         .unwrap();
-    let certificate = serde_json::json!({"status": {"certificate": base64_of(&w.env.client_ca.cert_pem)}});
-    csrs.patch_status("join-1", &PatchParams::default(), &Patch::Merge(&certificate))
-        .await
-        .unwrap();
-    let uid1 = uid_of(csrs.get("join-1").await.unwrap());
-    assert_eq!(issued_events(&admin, &uid1).await, 0);
 
-    // The next replica to start records it, and only it: worker-0's join, recorded before,
-    // is not counted again.
-    restart_and_list(&mut signer).await;
-    counted(&signer, 1.0).await;
-    assert_eq!(issued_events(&admin, &uid1).await, 1, "{}", signer.log());
-    assert_eq!(issued_events(&admin, &uid0).await, 1);
-    assert!(signer.log().contains("recorded a certificate a stopped replica wrote"));
-
-    // Another start finds both recorded and records nothing twice (counted once it has looked).
-    restart_and_list(&mut signer).await;
-    counted(&signer, 0.0).await;
-    assert_eq!(
-        issued_events(&admin, &uid1).await,
-        1,
-        "one Event, whoever finishes the work"
+    // The next replica re-verifies and signs it; the record stays the approval as written, and
+    // this replica counts the certificate it wrote, once.
+    signer.restart();
+    let issued = wait_final(&w.admin, "join-1", false, Duration::from_secs(30)).await;
+    assert!(matches!(issued, Final::Issued(_)), "{issued:?}\n{}", signer.log());
+    assert!(
+        approval(&csrs, "join-1")
+            .await
+            .ends_with("approved by replica replica-a_1")
     );
-    assert_eq!(issued_events(&admin, &uid0).await, 1);
+    counted(&signer, 1.0).await;
+    let events = management_events(&admin).await;
+    assert!(
+        events
+            .iter()
+            .all(|(object, _)| object != "worker-0" && object != "worker-1"),
+        "no Event for a certificate: {events:?}"
+    );
+
+    // Another start finds nothing to do: nothing counted, nothing written.
+    let versions = |list: Vec<CertificateSigningRequest>| {
+        list.into_iter()
+            .map(|c| c.metadata.resource_version.unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    let before = versions(csrs.list(&Default::default()).await.unwrap().items);
+    signer.restart();
+    counted(&signer, 0.0).await;
+    assert_eq!(versions(csrs.list(&Default::default()).await.unwrap().items), before);
 }
 
 fn base64_of(bytes: &[u8]) -> String {

@@ -1,30 +1,38 @@
-//! Events without one write per decision under load.
+//! Events without one write per decision (SPEC section 3, revision 5).
 //!
-//! Every decision is worth an Event on its Machine (`kubectl describe machine` is where an
-//! operator looks first), but a scale-up of 500 nodes, or a flood of junk CSRs, would make them
-//! half the signer's writes and put them on the critical path of every join. So decisions hand
-//! their Events to an [`EventSink`] and go on; one task writes them, the way client-go's
-//! recorder does (a bounded queue, a token bucket, similar Events folded into one):
+//! The record of each decision is the CSR's own condition (its reason, and for an approval a
+//! message naming the Machine and the replica); an Event is the report an operator reads on the
+//! Machine (`kubectl describe machine`) or the Cluster. Decisions hand their Events to an
+//! [`EventSink`] and go on; one task writes them, aggregated and rate-limited the way
+//! client-go's event correlator does, so that a flood of refused CSRs, or one node retrying,
+//! costs the management apiserver a few writes, not one per decision:
 //!
-//! - up to [`Budget::burst`] Events at once, then [`Budget::per_second`], are written as they
-//!   are, on their own object;
-//! - beyond that, Events are folded per Cluster, type and reason; every [`Budget::fold_period`]
-//!   each fold is written as one Event on the Cluster, with the count, the first few objects
-//!   and the last note ("`CertificateIssued` x 137 in 10s: Machines a, b, c, …");
+//! - **per object and reason** (client-go's spam filter and aggregator, keyed on the involved
+//!   object and reason): the first Event of a Machine (or MachinePool, or Cluster) and reason
+//!   is written as it is; repeats within [`Budget::series_period`] are counted, and written as
+//!   one Event on the same object once the period has passed ("`CSRDenied` x 14 more within
+//!   5m; last: …");
+//! - **per Cluster**, to bound the writes of many objects at once: up to [`Budget::burst`]
+//!   Events at once, then [`Budget::per_second`], are written; beyond that, Events are folded
+//!   per Cluster, type and reason, and every [`Budget::fold_period`] each fold is written as
+//!   one Event on the Cluster, with the count, the first few objects and the last note;
 //! - the queue holds [`Budget::queue`] Events; beyond that they are dropped and counted, never
-//!   waited for. The CSR's conditions are the record; Events are the report.
+//!   waited for.
+//!
+//! No certificate is reported by an Event (workload::record): the approval condition is its
+//! record, so a join's only management write is its claim.
 //!
 //! Nothing is written for a paused Cluster (SPEC section 7): the fleet tells the sink which
 //! Clusters are paused ([`EventSink::withhold`]), and what a worker queued before its Cluster
 //! was paused, or folded, is dropped when its turn comes (counted as `paused`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use attestation::machine::ClusterView;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
@@ -59,6 +67,12 @@ pub struct Budget {
     pub fold_period: Duration,
     /// Events waiting to be written; beyond it they are dropped.
     pub queue: usize,
+    /// One object and reason is written at most once per period; repeats within it are
+    /// written as one Event when it ends (client-go's spam filter refills one Event per object
+    /// every 5 minutes).
+    pub series_period: Duration,
+    /// Objects and reasons tracked at once; beyond it, a new one is folded per Cluster.
+    pub series_kept: usize,
 }
 
 impl Default for Budget {
@@ -68,6 +82,8 @@ impl Default for Budget {
             per_second: 5.0,
             fold_period: Duration::from_secs(10),
             queue: 1024,
+            series_period: Duration::from_secs(300),
+            series_kept: 10_000,
         }
     }
 }
@@ -85,19 +101,42 @@ struct Fold {
     last_note: String,
 }
 
-/// The pure part: which Events are written as they are, which are folded, and the folds.
+/// What is known of one object and reason: when it was last written, and the repeats since.
+#[derive(Debug)]
+struct Series {
+    written: Instant,
+    repeats: u64,
+    last: Report,
+}
+
+/// The pure part: which Events are written as they are, which are counted into a series or
+/// folded, and the Events those become.
 #[derive(Debug)]
 pub struct Folder {
     budget: Budget,
     tokens: f64,
     refilled: Instant,
     folds: BTreeMap<(String, String, String), Fold>,
+    series: HashMap<(String, &'static str, String), Series>,
 }
 
 fn type_name(type_: EventType) -> &'static str {
     match type_ {
         EventType::Normal => "Normal",
         EventType::Warning => "Warning",
+    }
+}
+
+/// The object a report is about, as a key: its UID, else its kind, namespace and name.
+fn object_key(reference: &ObjectReference) -> String {
+    match reference.uid.as_deref() {
+        Some(uid) if !uid.is_empty() => uid.to_owned(),
+        _ => format!(
+            "{}/{}/{}",
+            reference.kind.as_deref().unwrap_or_default(),
+            reference.namespace.as_deref().unwrap_or_default(),
+            reference.name.as_deref().unwrap_or_default()
+        ),
     }
 }
 
@@ -109,18 +148,45 @@ impl Folder {
             tokens: budget.burst,
             refilled: now,
             folds: BTreeMap::new(),
+            series: HashMap::new(),
         }
     }
 
-    /// `Some(report)` to write now, `None` when it was folded.
+    /// `Some(report)` to write now, `None` when it was counted into its series or folded.
     pub fn offer(&mut self, report: Report, now: Instant) -> Option<Report> {
+        let key = (
+            object_key(&report.regarding),
+            type_name(report.type_),
+            report.reason.clone(),
+        );
+        if let Some(series) = self.series.get_mut(&key)
+            && now.saturating_duration_since(series.written) < self.budget.series_period
+        {
+            series.repeats += 1;
+            series.last = report;
+            return None;
+        }
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.budget.per_second).min(self.budget.burst);
         self.refilled = now;
-        if self.tokens >= 1.0 {
+        let tracked = self.series.contains_key(&key) || self.series.len() < self.budget.series_kept;
+        if self.tokens >= 1.0 && tracked {
             self.tokens -= 1.0;
+            self.series.insert(
+                key,
+                Series {
+                    written: now,
+                    repeats: 0,
+                    last: report.clone(),
+                },
+            );
             return Some(report);
         }
+        self.fold(report);
+        None
+    }
+
+    fn fold(&mut self, report: Report) {
         let key = (
             report.cluster.uid.clone().unwrap_or_default(),
             type_name(report.type_).to_owned(),
@@ -141,13 +207,14 @@ impl Folder {
             fold.examples.push(format!("{kind} {name}"));
         }
         fold.last_note = report.note;
-        None
     }
 
-    /// The folds since the last call, each as one Event on its Cluster.
-    pub fn flush(&mut self) -> Vec<Report> {
+    /// What is due at `now`: the folds since the last call, each as one Event on its Cluster,
+    /// and the series whose period has passed with repeats, each as one Event on its object.
+    /// Series whose period passed without repeats are forgotten.
+    pub fn flush(&mut self, now: Instant) -> Vec<Report> {
         let period = humantime::format_duration(self.budget.fold_period);
-        std::mem::take(&mut self.folds)
+        let mut due: Vec<Report> = std::mem::take(&mut self.folds)
             .into_values()
             .map(|fold| {
                 let more = if fold.count > fold.examples.len() as u64 {
@@ -171,7 +238,29 @@ impl Folder {
                     note: attestation::identity::truncate(&note, 1000),
                 }
             })
-            .collect()
+            .collect();
+        let series_period = self.budget.series_period;
+        let within = humantime::format_duration(series_period);
+        self.series.retain(|_, series| {
+            if now.saturating_duration_since(series.written) < series_period {
+                return true;
+            }
+            if series.repeats == 0 {
+                return false;
+            }
+            let note = format!(
+                "{} x {} more within {within} (one Event per object and reason per {within}); last: {}",
+                series.last.reason, series.repeats, series.last.note
+            );
+            due.push(Report {
+                note: attestation::identity::truncate(&note, 1000),
+                ..series.last.clone()
+            });
+            series.written = now;
+            series.repeats = 0;
+            true
+        });
+        due
     }
 }
 
@@ -289,13 +378,14 @@ async fn write_loop(writer: Writer, budget: Budget, mut receiver: mpsc::Receiver
                 }
             }
             _ = tick.tick() => {
-                for report in folder.flush() {
+                for report in folder.flush(Instant::now()) {
                     writer.write(&report).await;
                 }
             }
         }
     }
-    for report in folder.flush() {
+    // The sink is gone (shutting down): whatever is counted is written now.
+    for report in folder.flush(Instant::now() + budget.series_period) {
         writer.write(&report).await;
     }
 }
@@ -351,50 +441,6 @@ pub fn cluster_reference(cluster: &ClusterView) -> ObjectReference {
     }
 }
 
-/// A fact recorded by one Event at most: the Event's name is the fact's.
-pub struct Once {
-    /// The Event's name (a DNS subdomain unique to the fact).
-    pub name: String,
-    /// What it is about; the Event lives in its namespace.
-    pub regarding: ObjectReference,
-    /// `reason`.
-    pub reason: &'static str,
-    /// `action`.
-    pub action: &'static str,
-    /// `note`, at most 1 KiB ([`note`]).
-    pub note: String,
-}
-
-/// Creates `once`'s Event unless it exists, at once (not through the [`EventSink`]: the caller
-/// acts only on what this call created); true when it created it.
-pub async fn record_once(client: &kube::Client, reporter: &Reporter, once: &Once) -> Result<bool, kube::Error> {
-    use k8s_openapi::api::events::v1::Event as EventV1;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-    let namespace = once.regarding.namespace.clone().unwrap_or_else(|| "default".to_owned());
-    let event = EventV1 {
-        metadata: ObjectMeta {
-            name: Some(once.name.clone()),
-            namespace: Some(namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        event_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-        action: Some(once.action.to_owned()),
-        reason: Some(once.reason.to_owned()),
-        note: Some(once.note.clone()),
-        regarding: Some(once.regarding.clone()),
-        reporting_controller: Some(reporter.controller.clone()),
-        reporting_instance: Some(reporter.instance.clone().unwrap_or_else(|| reporter.controller.clone())),
-        type_: Some("Normal".to_owned()),
-        ..EventV1::default()
-    };
-    let api: kube::Api<EventV1> = kube::Api::namespaced(client.clone(), &namespace);
-    match api.create(&kube::api::PostParams::default(), &event).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,14 +454,14 @@ mod tests {
         }
     }
 
-    fn issued(machine: usize, cluster: &str) -> Report {
+    fn denied(machine: usize, cluster: &str) -> Report {
         Report {
             regarding: reference("Machine", &format!("m-{machine}"), &format!("u-{machine}")),
             cluster: reference("Cluster", cluster, cluster),
-            type_: EventType::Normal,
-            reason: "CertificateIssued".into(),
+            type_: EventType::Warning,
+            reason: "CSRDenied".into(),
             action: "Decide",
-            note: format!("CSR n-{machine} approved and signed"),
+            note: format!("CSR n-{machine} denied"),
         }
     }
 
@@ -427,25 +473,91 @@ mod tests {
         let written = (0..500)
             .filter(|i| {
                 folder
-                    .offer(issued(*i, if i % 2 == 0 { "a" } else { "b" }), start)
+                    .offer(denied(*i, if i % 2 == 0 { "a" } else { "b" }), start)
                     .is_some()
             })
             .count();
         assert_eq!(written, 25, "the burst");
-        let folds = folder.flush();
+        let folds = folder.flush(start);
         assert_eq!(folds.len(), 2, "one per Cluster");
         let a = folds.iter().find(|f| f.regarding.name.as_deref() == Some("a")).unwrap();
-        assert!(a.note.starts_with("CertificateIssued x 237 within 10s"), "{}", a.note);
+        assert!(a.note.starts_with("CSRDenied x 237 within 10s"), "{}", a.note);
         assert!(a.note.contains("Machine m-26, Machine m-28"), "{}", a.note);
-        assert!(a.note.ends_with("last: CSR n-498 approved and signed"), "{}", a.note);
-        assert!(folder.flush().is_empty(), "a fold is written once");
+        assert!(a.note.ends_with("last: CSR n-498 denied"), "{}", a.note);
+        assert!(folder.flush(start).is_empty(), "a fold is written once");
 
         // The bucket refills at the rate.
         let later = start + Duration::from_secs(2);
-        let written = (0..20)
-            .filter(|i| folder.offer(issued(*i, "a"), later).is_some())
+        let written = (1000..1020)
+            .filter(|i| folder.offer(denied(*i, "a"), later).is_some())
             .count();
         assert_eq!(written, 10);
+    }
+
+    #[test]
+    fn one_machine_and_reason_is_written_once_per_period_with_its_repeats_counted() {
+        let start = Instant::now();
+        let budget = Budget::default();
+        let mut folder = Folder::new(budget, start);
+        assert!(folder.offer(denied(1, "a"), start).is_some(), "the first is written");
+        for second in 1..=40 {
+            let at = start + Duration::from_secs(second);
+            let mut again = denied(1, "a");
+            again.note = format!("retry {second}");
+            assert!(
+                folder.offer(again, at).is_none(),
+                "a repeat within the period is counted"
+            );
+        }
+        let mut other_reason = denied(1, "a");
+        other_reason.reason = "CSRFailed".into();
+        assert!(
+            folder.offer(other_reason, start).is_some(),
+            "another reason is its own series"
+        );
+        assert!(
+            folder.flush(start + Duration::from_secs(60)).is_empty(),
+            "nothing due within the period"
+        );
+        let due = folder.flush(start + budget.series_period);
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0].regarding.name.as_deref(), Some("m-1"), "on the Machine itself");
+        assert_eq!(due[0].reason, "CSRDenied");
+        assert!(
+            due[0].note.starts_with("CSRDenied x 40 more within 5m"),
+            "{}",
+            due[0].note
+        );
+        assert!(due[0].note.ends_with("last: retry 40"), "{}", due[0].note);
+        // The period starts again at that write: a repeat right after it is counted.
+        let after = start + budget.series_period + Duration::from_secs(1);
+        assert!(folder.offer(denied(1, "a"), after).is_none());
+        // A series that saw no repeat in its period is forgotten, and its next Event written.
+        let quiet = start + budget.series_period * 3;
+        assert_eq!(folder.flush(quiet).len(), 1, "the one repeat");
+        assert!(folder.flush(quiet + budget.series_period).is_empty());
+        assert!(folder.offer(denied(1, "a"), quiet + budget.series_period * 2).is_some());
+    }
+
+    #[test]
+    fn series_are_bounded_and_what_does_not_fit_is_folded_per_cluster() {
+        let start = Instant::now();
+        let budget = Budget {
+            series_kept: 3,
+            ..Budget::default()
+        };
+        let mut folder = Folder::new(budget, start);
+        let written = (0..10)
+            .filter(|i| folder.offer(denied(*i, "a"), start).is_some())
+            .count();
+        assert_eq!(written, 3);
+        let folds = folder.flush(start);
+        assert_eq!(folds.len(), 1);
+        assert!(
+            folds[0].note.starts_with("CSRDenied x 7 within 10s"),
+            "{}",
+            folds[0].note
+        );
     }
 
     #[tokio::test]
@@ -457,7 +569,7 @@ mod tests {
             withheld: Withheld::default(),
         };
         for i in 0..5 {
-            sink.record(issued(i, "a"));
+            sink.record(denied(i, "a"));
         }
         assert_eq!(sink.outcomes.count("dropped"), 3, "three dropped before");
     }
@@ -465,11 +577,11 @@ mod tests {
     #[test]
     fn a_paused_clusters_events_are_withheld_and_the_others_are_not() {
         let withheld = Withheld::default();
-        assert!(!withheld.holds(&issued(0, "a")));
+        assert!(!withheld.holds(&denied(0, "a")));
         *crate::locks::write(&withheld.0) = HashSet::from(["a".to_owned()]);
-        assert!(withheld.holds(&issued(0, "a")), "queued before the pause: not written");
-        assert!(!withheld.holds(&issued(1, "b")));
-        let mut no_uid = issued(2, "a");
+        assert!(withheld.holds(&denied(0, "a")), "queued before the pause: not written");
+        assert!(!withheld.holds(&denied(1, "b")));
+        let mut no_uid = denied(2, "a");
         no_uid.cluster.uid = None;
         assert!(!withheld.holds(&no_uid));
         // A fold is an Event on its Cluster: withheld alike.
@@ -481,8 +593,8 @@ mod tests {
             },
             start,
         );
-        assert!(folder.offer(issued(3, "a"), start).is_none());
-        let folds = folder.flush();
+        assert!(folder.offer(denied(3, "a"), start).is_none());
+        let folds = folder.flush(start);
         assert!(folds.iter().all(|fold| withheld.holds(fold)), "{folds:?}");
     }
 

@@ -533,11 +533,6 @@ impl Management {
             .map_err(ApplyError::from_kube)
     }
 
-    /// The management cluster's client (Events written at once).
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     /// Whether the Cluster's objects are listed.
     pub fn listed(&self, cluster: &ClusterView) -> bool {
         read(&self.shard).listed(&cluster.namespace, &cluster.name)

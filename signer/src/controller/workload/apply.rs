@@ -120,7 +120,15 @@ impl Worker {
         }
         let mut current = csr.clone();
         if !approved_already {
-            push_condition(&mut current, condition("Approved", reason, message));
+            // The record of the issuance (workload::record): written before the certificate.
+            let replica = self
+                .shared
+                .reporter
+                .instance
+                .as_deref()
+                .unwrap_or(&self.shared.reporter.controller);
+            let recorded = record::approval_message(message, decision.target.as_ref(), replica);
+            push_condition(&mut current, condition("Approved", reason, &recorded));
             // The CSR as written is ours with a new resourceVersion (the apiserver keeps the
             // Approved condition as sent; its managed fields stay when an update sends none),
             // so only that version is read from the answer.
@@ -162,15 +170,15 @@ impl Worker {
             Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
         self.put_csr("status", &name, &current).await?;
         self.mark_finished(csr);
-        let signed = record::Signed {
-            regarding: self.target_reference(target),
-            reason,
-            message,
-            not_after: certificate.not_after.to_string(),
-            claimed_now,
-            created: object.created,
-        };
-        self.record_issuance(&current, Some(signed)).await;
+        self.report_issuance(
+            &current,
+            &record::Signed {
+                reason,
+                not_after: certificate.not_after.to_string(),
+                claimed_now,
+                created: object.created,
+            },
+        );
         if let Some(earlier) = &decision.supersedes {
             self.supersede(earlier, &name, decision).await;
         }

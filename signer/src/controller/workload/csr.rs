@@ -17,7 +17,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use time::OffsetDateTime;
 
 use super::inflight::Answer;
-use super::record;
 use super::worker::{FINISHED_MEMORY, Worker, needs_us};
 use crate::controller::management::ApplyError;
 use crate::csr_object::{Stage, csr_object, stage};
@@ -80,13 +79,6 @@ impl Worker {
         let Some(cluster) = self.served_cluster() else {
             return Answer::Idle;
         };
-        if lock(&self.recovering).remove(name)
-            && record::maybe_unrecorded(&csr, OffsetDateTime::now_utc(), cluster.created)
-        {
-            // Signed within the window before this worker started: recorded unless it is.
-            self.record_issuance(&csr, None).await;
-            return Answer::Answered;
-        }
         if !needs_us(&csr) {
             return Answer::Idle;
         }

@@ -12,7 +12,6 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-use super::record;
 use super::worker::{FINISHED_MEMORY, Worker, needs_us};
 use crate::controller::backoff::Backoff;
 use crate::controller::metrics::ClusterState;
@@ -34,9 +33,6 @@ impl Worker {
         // in at InitDone): names queued earlier were taken while the store did not hold them
         // yet, and so left for the next resync (30 s after every restart or hand-over).
         let mut listed: Vec<String> = Vec::new();
-        // Whether the first list is done: only its issued CSRs are looked at for a record
-        // (workload::record), not again on every re-list.
-        let mut recovered = false;
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(csr)) => {
@@ -46,16 +42,6 @@ impl Worker {
                 }
                 Ok(watcher::Event::InitApply(csr)) => {
                     if needs_us(&csr) {
-                        listed.push(csr.name_any());
-                    } else if !recovered
-                        && record::maybe_unrecorded(
-                            &csr,
-                            time::OffsetDateTime::now_utc(),
-                            self.served_cluster().and_then(|c| c.created),
-                        )
-                    {
-                        // The first list only: what a replica stopped before recording.
-                        lock(&self.recovering).insert(csr.name_any());
                         listed.push(csr.name_any());
                     }
                 }
@@ -67,7 +53,6 @@ impl Worker {
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
-                    recovered = true;
                     for name in listed.drain(..) {
                         self.enqueue(&name);
                     }

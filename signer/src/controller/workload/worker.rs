@@ -56,9 +56,6 @@ pub struct Worker {
     /// [`FINISHED_MEMORY`], whichever is first.
     pub(super) finished: Mutex<HashMap<String, std::time::Instant>>,
     pub(super) state: Mutex<ClusterState>,
-    /// Names of issued CSRs the first list found within the recovery window, to record unless
-    /// they are (workload::record).
-    pub(super) recovering: Mutex<std::collections::HashSet<String>>,
     /// When this cluster's owner was last told the `tpm/v1` challenge key is missing.
     pub(super) key_warned: Mutex<Option<std::time::Instant>>,
     /// A claim was written: the join-token duty looks closely for a while (a claimed Machine's
@@ -111,7 +108,6 @@ impl Worker {
             attempts: Mutex::default(),
             finished: Mutex::default(),
             state: Mutex::new(ClusterState::Unreachable),
-            recovering: Mutex::default(),
             key_warned: Mutex::default(),
             claim_written: tokio::sync::Notify::new(),
         })
