@@ -21,6 +21,7 @@ pub mod challenge_key;
 pub mod credential;
 pub mod data;
 pub mod ek;
+pub mod event_log;
 pub mod public;
 pub mod quote;
 pub mod verifier;
