@@ -47,9 +47,16 @@ impl AttestorName {
                     EkKind::Rsa2048 => EkAlgorithm::Rsa2048,
                     EkKind::EccP256 => EkAlgorithm::EccP256,
                 };
+                use attestation::tpm::attestor::EventLogSource;
                 tpm_device_opens(&tpm.tpm_tcti)?;
+                let event_log = match &tpm.tpm_event_log {
+                    Some(path) => EventLogSource::File(path.clone()),
+                    None => EventLogSource::Kernel,
+                };
                 Ok(Box::new(TssLogExplained(
-                    TpmAttestor::new(&tpm.tpm_tcti)?.with_ek_algorithm(algorithm),
+                    TpmAttestor::new(&tpm.tpm_tcti)?
+                        .with_ek_algorithm(algorithm)
+                        .with_event_log(event_log),
                 )))
             }
             #[cfg(not(feature = "tpm"))]
@@ -239,6 +246,11 @@ pub struct TpmOptions {
     /// The EK presented: the TCG default template's RSA-2048 key, or its ECC P-256 key.
     #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_EK", value_enum, default_value_t = EkKind::Rsa2048)]
     pub tpm_ek: EkKind,
+    /// The TCG event log sent with the first CSR, for a Cluster's boot policy (at most 256 KiB).
+    /// Default: the kernel's, /sys/kernel/security/tpm0/binary_bios_measurements, when it can
+    /// be read (none is sent otherwise); a file named here must be read.
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_TPM_EVENT_LOG", value_name = "PATH")]
+    pub tpm_event_log: Option<PathBuf>,
 }
 
 /// EK algorithm.

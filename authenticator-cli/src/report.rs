@@ -443,6 +443,10 @@ fn render_kubeconfig(
             .flatten()
             .map(|v| v.get_name().to_owned()),
     );
+    push(
+        "--tpm-event-log",
+        exec.tpm.tpm_event_log.as_ref().map(|p| p.display().to_string()),
+    );
     push("--timeout", Some(humantime::format_duration(exec.timeout).to_string()));
     push(
         "--requested-duration",

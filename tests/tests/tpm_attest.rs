@@ -70,7 +70,11 @@ fn a_real_tpm_joins_in_two_phases_and_every_attack_ends_in_its_reason() {
         data.ek_certificate.is_some(),
         "swtpm_setup wrote an EK certificate to NV"
     );
-    assert_eq!(data.pcrs["sha256"].len(), 3, "PCRs 0, 1, 7 reported");
+    assert_eq!(
+        data.pcrs["sha256"].keys().map(String::as_str).collect::<Vec<_>>(),
+        ["0", "1", "11", "4", "7", "8", "9"],
+        "PCRs 0, 1, 4, 7, 8, 9, 11 quoted (swtpm allocates SHA-256)"
+    );
     let (second, decision) = world.phase_two(&mut node, &k, &first);
     // `TPM_FUZZ_SEEDS=<dir>` keeps these real DATA blocks as fuzz seeds.
     if let Some(dir) = std::env::var_os("TPM_FUZZ_SEEDS") {
@@ -600,4 +604,45 @@ fn a_rotated_challenge_key_keeps_pending_challenges_and_an_unknown_one_is_read_a
         DenyReason::ChallengeFailed,
         "an old key's challenge issued after its replacement",
     );
+}
+
+#[test]
+#[ignore = "needs swtpm"]
+fn the_event_log_goes_with_phase_one_only_and_a_named_log_must_be_read() {
+    use attestation::tpm::attestor::{EventLogSource, MAX_EVENT_LOG};
+    let tpm = Swtpm::start("tpm_attest_event_log");
+    let mut world = World::new();
+    let log = tpm.path("binary_bios_measurements");
+    std::fs::write(&log, b"a log's bytes, sent as they are").unwrap();
+    let mut node = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(EventLogSource::File(log.clone()));
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    let (_, one) = data_of(&first);
+    assert_eq!(one.event_log.as_deref(), Some(&b"a log's bytes, sent as they are"[..]));
+    let (second, decision) = world.phase_two(&mut node, &k, &first);
+    let (_, two) = data_of(&second);
+    assert_eq!(two.event_log, None, "phase 2 sends no log");
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { .. }),
+        "without a policy a log changes nothing: {decision:#?}"
+    );
+
+    // A named log that cannot be sent stops phase 1, naming the file; no TPM work is done.
+    let request = AttestationRequest::new(&[1, 2, 3]);
+    let mut absent = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(EventLogSource::File(tpm.path("absent")));
+    let error = absent.attest(&request).unwrap_err().to_string();
+    assert!(error.contains(&tpm.path("absent").display().to_string()), "{error}");
+    std::fs::write(&log, vec![0u8; MAX_EVENT_LOG + 1]).unwrap();
+    let error = node.attest(&request).unwrap_err().to_string();
+    assert!(error.contains(&format!("{} bytes", MAX_EVENT_LOG + 1)), "{error}");
+    // None: nothing sent.
+    let mut quiet = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(EventLogSource::None);
+    let (none, _) = world.phase_one(&mut quiet, &key());
+    assert_eq!(data_of(&none).1.event_log, None);
 }

@@ -6,6 +6,10 @@
 //! Phase 2 opens the signer's credential with ActivateCredential (the EK authorised by a
 //! PolicySecret(endorsement) session) and quotes `SHA-256(CSR key || secret)` with the same AK.
 //!
+//! Both phases quote the PCRs a boot policy judges ([`QUOTED_PCRS`]) in the SHA-256 bank, or in
+//! SHA-1 on a TPM that has no SHA-256 bank allocated; phase 1 also sends the TCG event log
+//! ([`EventLogSource`]) that lets the signer replay them.
+//!
 //! Every call opens its own TPM context and flushes every transient object and session it
 //! made: swtpm, like many TPMs, has three transient slots. The AK's private part (wrapped by
 //! the EK, useless off this TPM) is kept between the phases of one attestor.
@@ -15,15 +19,15 @@ use std::str::FromStr;
 
 use tss_esapi::abstraction::{AsymmetricAlgorithmSelection, KeyCustomization, ak, ek};
 use tss_esapi::attributes::{ObjectAttributesBuilder, SessionAttributesBuilder};
-use tss_esapi::constants::SessionType;
+use tss_esapi::constants::{CapabilityType, SessionType};
 use tss_esapi::handles::{AuthHandle, KeyHandle, ObjectHandle};
 use tss_esapi::interface_types::algorithm::{HashingAlgorithm, SignatureSchemeAlgorithm};
 use tss_esapi::interface_types::ecc::EccCurve;
 use tss_esapi::interface_types::key_bits::RsaKeyBits;
 use tss_esapi::interface_types::session_handles::{AuthSession, PolicySession};
 use tss_esapi::structures::{
-    Data, Digest, EncryptedSecret, IdObject, PcrSelectionList, PcrSlot, Private, Public, SignatureScheme,
-    SymmetricDefinition,
+    CapabilityData, Data, Digest, EncryptedSecret, IdObject, PcrSelectionList, PcrSlot, Private, Public,
+    SignatureScheme, SymmetricDefinition,
 };
 use tss_esapi::tcti_ldr::TctiNameConf;
 use tss_esapi::traits::Marshall;
@@ -36,6 +40,24 @@ use crate::attestor::{AttestError, AttestationRequest, Attestor};
 use crate::digest::{hex, sha256};
 use crate::envelope::ProviderVersion;
 use crate::names::{ANNOTATION_TPM_CHALLENGE, SIGNER_TPM};
+
+mod event_log_file;
+
+pub use event_log_file::{EventLogFileError, EventLogSource, KERNEL_EVENT_LOG, MAX_EVENT_LOG};
+
+/// The PCRs quoted: 0 and 1 (firmware and its settings), 4 (the boot applications: shim, grub,
+/// the kernel), 7 (Secure Boot state and the certificates that verified them), 8 and 9 (grub's
+/// commands and kernel command line, the files it loaded: kernel, initrd), 11 (a unified kernel
+/// image's sections): every PCR a boot policy judges, SPEC section 5.
+pub const QUOTED_PCRS: [PcrSlot; 7] = [
+    PcrSlot::Slot0,
+    PcrSlot::Slot1,
+    PcrSlot::Slot4,
+    PcrSlot::Slot7,
+    PcrSlot::Slot8,
+    PcrSlot::Slot9,
+    PcrSlot::Slot11,
+];
 
 /// Default TCTI: the kernel's resource manager.
 pub const DEFAULT_TCTI: &str = "device:/dev/tpmrm0";
@@ -88,6 +110,7 @@ pub struct TpmAttestor {
     tcti: String,
     ek_algorithm: EkAlgorithm,
     pcrs: Vec<PcrSlot>,
+    event_log: EventLogSource,
     ak_attributes: Option<AkAttributes>,
     ak: Option<AkBlob>,
 }
@@ -97,6 +120,7 @@ impl std::fmt::Debug for TpmAttestor {
         f.debug_struct("TpmAttestor")
             .field("tcti", &self.tcti)
             .field("ek_algorithm", &self.ek_algorithm)
+            .field("event_log", &self.event_log)
             .field("has_ak", &self.ak.is_some())
             .finish_non_exhaustive()
     }
@@ -117,14 +141,15 @@ fn tpm2b(inner: &[u8]) -> Result<Vec<u8>, AttestError> {
 
 impl TpmAttestor {
     /// An attestor talking to the TPM at `tcti` (e.g. `device:/dev/tpmrm0`,
-    /// `swtpm:host=127.0.0.1,port=2321`), with an RSA-2048 EK and PCRs 0, 1 and 7 (SHA-256)
-    /// reported.
+    /// `swtpm:host=127.0.0.1,port=2321`), with an RSA-2048 EK, [`QUOTED_PCRS`] quoted, and the
+    /// kernel's event log sent when it can be read.
     pub fn new(tcti: &str) -> Result<Self, AttestError> {
         TctiNameConf::from_str(tcti).map_err(|e| AttestError::DeviceUnavailable(format!("TCTI {tcti:?}: {e}")))?;
         Ok(Self {
             tcti: tcti.to_owned(),
             ek_algorithm: EkAlgorithm::default(),
-            pcrs: vec![PcrSlot::Slot0, PcrSlot::Slot1, PcrSlot::Slot7],
+            pcrs: QUOTED_PCRS.to_vec(),
+            event_log: EventLogSource::default(),
             ak_attributes: None,
             ak: None,
         })
@@ -133,6 +158,12 @@ impl TpmAttestor {
     /// Presents this EK instead.
     pub fn with_ek_algorithm(mut self, algorithm: EkAlgorithm) -> Self {
         self.ek_algorithm = algorithm;
+        self
+    }
+
+    /// Sends this event log with phase 1 instead of the kernel's.
+    pub fn with_event_log(mut self, source: EventLogSource) -> Self {
+        self.event_log = source;
         self
     }
 
@@ -206,10 +237,60 @@ impl TpmAttestor {
     }
 }
 
-/// A quote by `ak` over `extra_data` and the SHA-256 `pcrs`, with the PCR values it covers.
-fn quote(ctx: &mut Context, ak: KeyHandle, pcrs: &[PcrSlot], extra_data: &[u8]) -> Result<Quoted, AttestError> {
+/// The bank quoted: SHA-256, or SHA-1 on a TPM that allocated no SHA-256 PCRs (older firmware
+/// allocates SHA-1 only; the event log then carries SHA-1 digests, which the signer replays).
+/// `allocated` is each bank with the PCRs allocated in it (`TPM2_GetCapability(PCRS)`).
+fn quote_bank(allocated: &[(HashingAlgorithm, Vec<PcrSlot>)]) -> Result<HashingAlgorithm, AttestError> {
+    let has = |alg| allocated.iter().any(|(a, pcrs)| *a == alg && !pcrs.is_empty());
+    if has(HashingAlgorithm::Sha256) {
+        Ok(HashingAlgorithm::Sha256)
+    } else if has(HashingAlgorithm::Sha1) {
+        Ok(HashingAlgorithm::Sha1)
+    } else {
+        let banks: Vec<String> = allocated
+            .iter()
+            .filter(|(_, pcrs)| !pcrs.is_empty())
+            .map(|(alg, _)| format!("{alg:?}"))
+            .collect();
+        Err(AttestError::Failed(format!(
+            "the TPM has neither a SHA-256 nor a SHA-1 PCR bank allocated (allocated: {})",
+            if banks.is_empty() {
+                "none".to_owned()
+            } else {
+                banks.join(", ")
+            }
+        )))
+    }
+}
+
+/// The PCR banks the TPM has allocated, each with its PCRs.
+fn allocated_banks(ctx: &mut Context) -> Result<Vec<(HashingAlgorithm, Vec<PcrSlot>)>, AttestError> {
+    // TPM2_CAP_PCRS ignores the property; every bank fits in one answer.
+    let (data, _) = ctx
+        .execute_without_session(|ctx| ctx.get_capability(CapabilityType::AssignedPcr, 0, 8))
+        .map_err(failed("GetCapability(PCRS)"))?;
+    match data {
+        CapabilityData::AssignedPcr(list) => Ok(list
+            .get_selections()
+            .iter()
+            .map(|s| (s.hashing_algorithm(), s.selected()))
+            .collect()),
+        other => Err(AttestError::Failed(format!(
+            "GetCapability(PCRS) answered with another capability: {other:?}"
+        ))),
+    }
+}
+
+/// A quote by `ak` over `extra_data` and `pcrs` in `bank`, with the PCR values it covers.
+fn quote(
+    ctx: &mut Context,
+    ak: KeyHandle,
+    bank: HashingAlgorithm,
+    pcrs: &[PcrSlot],
+    extra_data: &[u8],
+) -> Result<Quoted, AttestError> {
     let selection = PcrSelectionList::builder()
-        .with_selection(HashingAlgorithm::Sha256, pcrs)
+        .with_selection(bank, pcrs)
         .build()
         .map_err(failed("PCR selection"))?;
     let qualifying = Data::try_from(extra_data.to_vec()).map_err(failed("quote data"))?;
@@ -323,12 +404,17 @@ impl Attestor for TpmAttestor {
                 "a challenge arrived for an AK this attestor did not create: start again from phase 1".into(),
             ));
         }
+        // Read before the TPM is touched, so a named log that cannot be sent fails at once.
+        let event_log = match challenge {
+            None => self.event_log.read().map_err(|e| AttestError::Failed(e.to_string()))?,
+            Some(_) => None,
+        };
         let pcrs = self.pcrs.clone();
         let Loaded {
             ek_public,
             ek_certificate,
             ak_public,
-            output: quoted,
+            output: (bank, quoted),
         } = self.with_keys(|ctx, ek, ak| {
             let extra = match &challenge {
                 None => Zeroizing::new(sha256(spki).to_vec()),
@@ -337,8 +423,9 @@ impl Attestor for TpmAttestor {
                     Zeroizing::new(phase_two_extra_data(spki, &secret).to_vec())
                 }
             };
-            let quoted = quote(ctx, ak, &pcrs, &extra)?;
-            Ok(quoted)
+            let bank = quote_bank(&allocated_banks(ctx)?)?;
+            let quoted = quote(ctx, ak, bank, &pcrs, &extra)?;
+            Ok((bank, quoted))
         })?;
         let data = TpmData {
             phase: if challenge.is_some() { 2 } else { 1 },
@@ -348,13 +435,50 @@ impl Attestor for TpmAttestor {
             ak_public: tpm2b(&ak_public.marshall().map_err(failed("marshal AK public"))?)?,
             quote: quoted.attest,
             signature: quoted.signature,
-            pcrs: BTreeMap::from([("sha256".to_owned(), quoted.pcrs)]),
+            // DATA's `pcrs` names the sha256 bank only (SHA-1 values would be refused there);
+            // a SHA-1 quote's values are the log's to explain.
+            pcrs: if bank == HashingAlgorithm::Sha256 {
+                BTreeMap::from([("sha256".to_owned(), quoted.pcrs)])
+            } else {
+                BTreeMap::new()
+            },
             challenge: challenge.map(|c| ChallengeRef {
                 csr_name: c.csr_name.to_owned(),
                 csr_uid: c.csr_uid.to_owned(),
             }),
-            event_log: None,
+            event_log,
         };
         Ok(Some(data.encode()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_is_quoted_when_allocated_and_sha1_only_without_it() {
+        let all = QUOTED_PCRS.to_vec();
+        let both = [
+            (HashingAlgorithm::Sha1, all.clone()),
+            (HashingAlgorithm::Sha256, all.clone()),
+        ];
+        assert_eq!(quote_bank(&both).unwrap(), HashingAlgorithm::Sha256);
+        let sha1_and_empty_sha256 = [
+            (HashingAlgorithm::Sha1, all.clone()),
+            (HashingAlgorithm::Sha256, Vec::new()),
+        ];
+        assert_eq!(quote_bank(&sha1_and_empty_sha256).unwrap(), HashingAlgorithm::Sha1);
+        let sha384 = [(HashingAlgorithm::Sha384, all), (HashingAlgorithm::Sha256, Vec::new())];
+        let error = quote_bank(&sha384).unwrap_err().to_string();
+        assert!(error.contains("Sha384"), "{error}");
+        assert!(quote_bank(&[]).unwrap_err().to_string().contains("none"));
+    }
+
+    #[test]
+    fn the_policy_pcrs_are_quoted() {
+        let indexes: Vec<u32> = QUOTED_PCRS.iter().map(|s| u32::from(*s).trailing_zeros()).collect();
+        assert_eq!(indexes, [0, 1, 4, 7, 8, 9, 11]);
+        assert_eq!(TpmAttestor::new(DEFAULT_TCTI).unwrap().pcrs, QUOTED_PCRS);
     }
 }
