@@ -17,6 +17,7 @@
 
 #[cfg(feature = "tpm-attestor")]
 pub mod attestor;
+pub mod authenticode;
 pub mod challenge_key;
 pub mod credential;
 pub mod data;
