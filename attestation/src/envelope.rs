@@ -3,7 +3,7 @@
 //!
 //! kube-apiserver only insists that the first PEM block is a `CERTIFICATE REQUEST`; this parser
 //! is stricter, because everything after it is read by the signer: blocks in order, each label
-//! once, 64 KiB at most, and every block in RFC 7468's strict form, so that no other PEM reader
+//! once, 64 KiB at most (576 KiB for `tpm/v1`, whose phase 1 carries the event log), and every block in RFC 7468's strict form, so that no other PEM reader
 //! (Go's `encoding/pem`, the `pem` crate, OpenSSL) can find a block, a byte or a boundary this
 //! one did not:
 //!
@@ -26,17 +26,19 @@ use std::fmt;
 
 use base64::Engine;
 
-use crate::names::{MAX_REQUEST_BYTES, PEM_CSR, PEM_DATA, PEM_PROVIDER};
+use crate::names::{MAX_REQUEST_BYTES, MAX_TPM_REQUEST_BYTES, PEM_CSR, PEM_DATA, PEM_PROVIDER};
 
 /// Why a `spec.request` is not a well-formed envelope. Maps to `InvalidRequest`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum EnvelopeError {
-    /// Larger than 64 KiB.
-    #[error("request is {len} bytes, more than the {MAX_REQUEST_BYTES} allowed")]
+    /// Larger than 64 KiB ([`MAX_REQUEST_BYTES`]), or than [`MAX_TPM_REQUEST_BYTES`] for `tpm/v1`.
+    #[error("request is {len} bytes, more than the {limit} allowed")]
     TooLarge {
         /// Its size.
         len: usize,
+        /// The limit it passed.
+        limit: usize,
     },
     /// Not UTF-8 text.
     #[error("request is not UTF-8 PEM text")]
@@ -166,8 +168,13 @@ impl fmt::Debug for RequestEnvelope {
 impl RequestEnvelope {
     /// Parses `spec.request` strictly (see the module documentation).
     pub fn parse(request: &[u8]) -> Result<Self, EnvelopeError> {
-        if request.len() > MAX_REQUEST_BYTES {
-            return Err(EnvelopeError::TooLarge { len: request.len() });
+        // The largest any provider may send, before reading a byte; the provider's own limit
+        // once its block is read.
+        if request.len() > MAX_TPM_REQUEST_BYTES {
+            return Err(EnvelopeError::TooLarge {
+                len: request.len(),
+                limit: MAX_TPM_REQUEST_BYTES,
+            });
         }
         let text = std::str::from_utf8(request).map_err(|_| EnvelopeError::NotText)?;
         let blocks = blocks(text)?;
@@ -191,6 +198,13 @@ impl RequestEnvelope {
                 Some(block.contents)
             }
         };
+        let tpm = provider.as_ref().is_some_and(|p| p.provider() == "tpm");
+        if request.len() > MAX_REQUEST_BYTES && !tpm {
+            return Err(EnvelopeError::TooLarge {
+                len: request.len(),
+                limit: MAX_REQUEST_BYTES,
+            });
+        }
         if let Some(extra) = blocks.next() {
             return Err(EnvelopeError::UnexpectedBlock {
                 label: crate::identity::truncate(extra.label, 64),
@@ -370,6 +384,22 @@ mod tests {
     }
 
     #[test]
+    fn only_tpm_v1_may_pass_64_kib_for_its_event_log() {
+        let log = vec![b'x'; 256 * 1024];
+        let tpm = envelope(Some("tpm/v1"), Some(&log)).encode();
+        assert!(tpm.len() > MAX_REQUEST_BYTES);
+        assert!(RequestEnvelope::parse(tpm.as_bytes()).is_ok(), "{} bytes", tpm.len());
+        let insecure = envelope(Some("insecure/v1"), Some(&log)).encode();
+        assert_eq!(
+            RequestEnvelope::parse(insecure.as_bytes()),
+            Err(EnvelopeError::TooLarge {
+                len: insecure.len(),
+                limit: MAX_REQUEST_BYTES
+            })
+        );
+    }
+
+    #[test]
     fn blocks_out_of_order_or_repeated_are_refused() {
         let csr = pem::encode(&pem::Pem::new(PEM_CSR, vec![1]));
         let provider = pem::encode(&pem::Pem::new(PEM_PROVIDER, b"tpm/v1".to_vec()));
@@ -412,11 +442,12 @@ mod tests {
             RequestEnvelope::parse(with_headers.as_bytes()),
             Err(EnvelopeError::Headers { .. })
         ));
-        let big = vec![b' '; MAX_REQUEST_BYTES + 1];
+        let big = vec![b' '; MAX_TPM_REQUEST_BYTES + 1];
         assert_eq!(
             RequestEnvelope::parse(&big),
             Err(EnvelopeError::TooLarge {
-                len: MAX_REQUEST_BYTES + 1
+                len: MAX_TPM_REQUEST_BYTES + 1,
+                limit: MAX_TPM_REQUEST_BYTES
             })
         );
         assert!(matches!(

@@ -278,6 +278,9 @@ pub struct ClusterView {
     /// metadata.creationTimestamp: when this copy of the Cluster was created in this
     /// management cluster (`clusterctl move` and a restore create it anew), when known.
     pub created: Option<time::OffsetDateTime>,
+    /// The `tpm/v1` boot policy (SPEC section 5, revision 5): as the annotation names it
+    /// (unresolved), until the signer reads the ConfigMap (or its default) for a decision.
+    pub boot_policy: crate::tpm::boot_policy::PolicyState,
 }
 
 /// How a Cluster is paused, read as Cluster API's own controllers read it
@@ -342,6 +345,7 @@ impl ClusterView {
             opted_in: true,
             allowed_attestors: allowed.iter().map(|s| (*s).to_owned()).collect(),
             kubelet_annotations: std::collections::BTreeMap::new(),
+            boot_policy: crate::tpm::boot_policy::PolicyState::None,
             paused: None,
             created: None,
         }
@@ -355,6 +359,9 @@ impl ClusterView {
     /// The same Cluster with one more `cluster.x-k8s.io/kubelet-*` annotation (offline use and
     /// tests).
     pub fn with_annotation(mut self, key: &str, value: &str) -> Self {
+        if key == crate::names::ANNOTATION_TPM_BOOT_POLICY {
+            self.boot_policy = crate::tpm::boot_policy::PolicyState::named(&self.namespace, Some(value));
+        }
         self.kubelet_annotations.insert(key.to_owned(), value.to_owned());
         self
     }
@@ -391,6 +398,10 @@ impl ClusterView {
             })
             .unwrap_or_default();
         Ok(Self {
+            boot_policy: crate::tpm::boot_policy::PolicyState::named(
+                &meta.namespace,
+                meta.annotation(crate::names::ANNOTATION_TPM_BOOT_POLICY),
+            ),
             opted_in: meta.annotation(ANNOTATION_OPT_IN) == Some("true"),
             allowed_attestors,
             kubelet_annotations,

@@ -84,8 +84,17 @@ pub mod usage {
     pub const SERVER_AUTH: &str = "server auth";
 }
 
-/// Largest `spec.request` the signer reads (SPEC rule 1).
+/// Largest `spec.request` the signer reads (SPEC rule 1), for every provider but `tpm/v1`.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Largest `tpm/v1` `spec.request` (revision 5): phase 1 carries the measured-boot event log
+/// (up to [`crate::tpm::data::MAX_EVENT_LOG_BYTES`], 256 KiB), base64 in the JSON DATA block,
+/// which the PEM encodes again: 256 KiB of log is about 470 KiB of request. Still bounded: a
+/// CSR object of this size is a third of etcd's default 1.5 MiB object limit, and a flood of
+/// them costs the signer what its watch cache holds of them anyway.
+pub const MAX_TPM_REQUEST_BYTES: usize = 576 * 1024;
+/// Cluster annotation naming the ConfigMap (in the Cluster's namespace, key `policy.yaml`) of
+/// the Cluster's `tpm/v1` boot policy (SPEC section 5, revision 5).
+pub const ANNOTATION_TPM_BOOT_POLICY: &str = "cluster.x-k8s.io/kubelet-tpm-boot-policy";
 /// Longest provider ID accepted (SPEC rule 8).
 pub const MAX_PROVIDER_ID_BYTES: usize = 512;
 

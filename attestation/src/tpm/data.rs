@@ -212,8 +212,16 @@ pub struct TpmData {
     pub event_log: Option<Vec<u8>>,
 }
 
-/// Largest DATA block read (the envelope caps the request at 64 KiB anyway).
-const MAX_DATA: usize = 48 * 1024;
+/// Largest event log read: real UEFI logs are 20 to 100 KiB (a few hundred events); 256 KiB
+/// leaves room for firmware that logs every driver, and bounds what a node makes the signer
+/// parse and replay.
+pub const MAX_EVENT_LOG_BYTES: usize = 256 * 1024;
+
+/// Largest DATA block read: a [`MAX_EVENT_LOG_BYTES`] log in base64 (4/3 of it, 342 KiB) and
+/// room for the rest (EK certificate and intermediates, quote, signature: under 40 KiB). The
+/// envelope caps a `tpm/v1` request at [`crate::names::MAX_TPM_REQUEST_BYTES`], this block's
+/// PEM included.
+const MAX_DATA: usize = 384 * 1024;
 
 impl TpmData {
     /// Parses a DATA block; phase and challenge must agree.
@@ -223,6 +231,16 @@ impl TpmData {
         }
         let parsed: Self = serde_json::from_slice(data).map_err(|e| WireError::Invalid(format!("tpm/v1 DATA: {e}")))?;
         match (parsed.phase, &parsed.challenge) {
+            _ if parsed
+                .event_log
+                .as_ref()
+                .is_some_and(|log| log.len() > MAX_EVENT_LOG_BYTES) =>
+            {
+                Err(WireError::Invalid(format!(
+                    "eventLog of {} bytes, more than the {MAX_EVENT_LOG_BYTES} read",
+                    parsed.event_log.as_ref().map_or(0, Vec::len)
+                )))
+            }
             (1, None) | (2, Some(_)) => Ok(parsed),
             (1, Some(_)) => Err(WireError::Invalid("phase 1 carries no challenge".into())),
             (2, None) => Err(WireError::Invalid("phase 2 must name CSR #1 in challenge".into())),
@@ -453,6 +471,20 @@ mod tests {
         three["phase"] = serde_json::json!(3);
         assert!(TpmData::parse(three.to_string().as_bytes()).is_err());
         assert!(TpmData::parse(&vec![b' '; MAX_DATA + 1]).is_err());
+        let largest = TpmData {
+            event_log: Some(vec![0xa5; MAX_EVENT_LOG_BYTES]),
+            ..sample(1)
+        };
+        assert!(
+            TpmData::parse(&largest.encode()).is_ok(),
+            "a 256 KiB log fits the DATA cap"
+        );
+        let larger = TpmData {
+            event_log: Some(vec![0xa5; MAX_EVENT_LOG_BYTES + 1]),
+            ..sample(1)
+        };
+        let error = TpmData::parse(&larger.encode()).unwrap_err().to_string();
+        assert!(error.contains("eventLog of 262145 bytes"), "{error}");
     }
 
     /// `sample(phase)` as JSON text with `edit` applied to its object.

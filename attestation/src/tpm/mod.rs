@@ -10,6 +10,9 @@
 //! - [`data`]: the DATA block, the challenge annotation, and the derived challenge secret.
 //! - [`challenge_key`]: the key challenges are derived under, and the keys it replaced.
 //! - `attestor` (feature `tpm-attestor`): the node side, through tss-esapi.
+//! - [`boot_policy`]: a Cluster's boot policy (revision 5): its format and the judge on the
+//!   event log's replayed events; `measured_boot`: the verifier's use of it (log replayed
+//!   against the quote, phase 2 held to the same boot).
 //! - [`verifier`]: [`TpmVerifier`], the two phases put together.
 //!
 //! Tested on structures a real TPM produced: `testdata/tpm/` was made by swtpm with
@@ -18,11 +21,13 @@
 #[cfg(feature = "tpm-attestor")]
 pub mod attestor;
 pub mod authenticode;
+pub mod boot_policy;
 pub mod challenge_key;
 pub mod credential;
 pub mod data;
 pub mod ek;
 pub mod event_log;
+mod measured_boot;
 pub mod public;
 pub mod quote;
 pub mod verifier;

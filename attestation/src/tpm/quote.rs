@@ -26,8 +26,10 @@ pub struct Quote {
     pub qualified_signer: Vec<u8>,
     /// `extraData`: what the quote binds (SPEC: a hash over the CSR key).
     pub extra_data: Vec<u8>,
-    /// `clockInfo.resetCount`.
+    /// `clockInfo.resetCount`: TPM resets (reboots) since the last TPM2_Clear.
     pub reset_count: u32,
+    /// `clockInfo.restartCount`: TPM restarts and resumes since the last reset.
+    pub restart_count: u32,
     /// `firmwareVersion`.
     pub firmware_version: u64,
     /// The selected PCRs.
@@ -63,7 +65,7 @@ impl Quote {
         let extra_data = r.tpm2b("TPMS_ATTEST.extraData")?.to_vec();
         r.u64("clockInfo.clock")?;
         let reset_count = r.u32("clockInfo.resetCount")?;
-        r.u32("clockInfo.restartCount")?;
+        let restart_count = r.u32("clockInfo.restartCount")?;
         r.u8("clockInfo.safe")?;
         let firmware_version = r.u64("TPMS_ATTEST.firmwareVersion")?;
         let count = r.u32("TPML_PCR_SELECTION.count")?;
@@ -92,6 +94,7 @@ impl Quote {
             qualified_signer,
             extra_data,
             reset_count,
+            restart_count,
             firmware_version,
             selection,
             pcr_digest,
@@ -115,6 +118,28 @@ impl Quote {
                 return false;
             }
             ctx.update(value);
+        }
+        ctx.finish().as_ref() == self.pcr_digest.as_slice()
+    }
+}
+
+impl Quote {
+    /// Whether `values` (PCR index -> value, one bank: a log's replay) give the quote's
+    /// `pcrDigest` over its selection, every selected PCR being of bank `hash`. The digest is
+    /// SHA-256, the AK's signing hash (the only one [`Signature::verify`] accepts), whatever the
+    /// bank.
+    pub fn pcr_digest_of_bank(&self, hash: u16, values: &std::collections::BTreeMap<u32, Vec<u8>>) -> bool {
+        let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+        for bank in &self.selection {
+            if bank.hash != hash {
+                return false;
+            }
+            for index in &bank.pcrs {
+                match values.get(index) {
+                    Some(value) => ctx.update(value),
+                    None => return false,
+                }
+            }
         }
         ctx.finish().as_ref() == self.pcr_digest.as_slice()
     }

@@ -16,6 +16,7 @@ use super::challenge_key::{ChallengeKey, Keys, WeakChallengeKey};
 use super::credential::make_credential;
 use super::data::{ChallengeAnnotation, ChallengeBinding, TpmData, challenge_secret, phase_two_extra_data};
 use super::ek::EkTrust;
+use super::measured_boot;
 use super::public::TpmPublic;
 use super::quote::{Quote, Signature};
 use crate::attestor::{Evidence, Verification, Verifier};
@@ -199,9 +200,10 @@ impl TpmVerifier {
                 "the quote's extraData is not SHA-256 of this CSR's key: the quote is bound to another key",
             ));
         }
+        let boot = measured_boot::phase_one(&evidence.cluster.boot_policy, data, &attested.quote)?;
         let note = |what: &str| {
             format!(
-                "tpm/v1 phase 1: {}, AK quote binds the CSR key, EK {}; {what}",
+                "tpm/v1 phase 1: {}, AK quote binds the CSR key, EK {}, {boot}; {what}",
                 attested.trust, attested.ek_sha256
             )
         };
@@ -293,6 +295,24 @@ impl TpmVerifier {
         };
 
         let attested = self.attest(evidence, data)?;
+        let boot = match &evidence.cluster.boot_policy {
+            super::boot_policy::PolicyState::Loaded { .. } => {
+                let first_quote = Quote::from_tpm2b(&first_data.quote)
+                    .map_err(|e| challenge_failed(format!("CSR #1's quote: {e}")))?;
+                Signature::parse(&first_data.signature)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| s.verify(&attested.ak, &first_quote.signed))
+                    .map_err(|e| challenge_failed(format!("CSR #1's quote does not verify under the AK: {e}")))?;
+                let note = measured_boot::phase_two(
+                    &evidence.cluster.boot_policy,
+                    &first_data,
+                    &first_quote,
+                    &attested.quote,
+                )?;
+                format!(", {note}")
+            }
+            _ => String::new(),
+        };
         let Some(key) = key else {
             return Ok(Verification::Pending {
                 message: format!(
@@ -314,7 +334,7 @@ impl TpmVerifier {
         Ok(Verification::Verified {
             instance: None,
             note: format!(
-                "tpm/v1: {}, challenge of CSR #1 {} answered by the TPM, EK {}",
+                "tpm/v1: {}, challenge of CSR #1 {} answered by the TPM, EK {}{boot}",
                 attested.trust, first.name, attested.ek_sha256
             ),
             ek_sha256: Some(attested.ek_sha256),
@@ -487,6 +507,9 @@ impl Verifier for TpmVerifier {
             Ok(keys) => keys,
             Err(message) => return Verification::Pending { message },
         };
+        if let Some(message) = measured_boot::held(&evidence.cluster.boot_policy) {
+            return Verification::Pending { message };
+        }
         let outcome = match evidence.data {
             None => Err(invalid("tpm/v1 needs an ATTESTATION DATA block")),
             Some(bytes) => TpmData::parse(bytes)

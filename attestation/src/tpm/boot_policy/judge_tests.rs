@@ -1,0 +1,272 @@
+use super::*;
+use crate::tpm::boot_policy::BootPolicy;
+use crate::tpm::boot_policy::testlog::{Boot, LogBuilder, certificate, sha256};
+use crate::tpm::event_log::events::{EFI_GLOBAL_VARIABLE, LINUX_INITRD_TAG, LINUX_LOAD_OPTIONS_TAG};
+
+const QUOTED: [u32; 7] = [0, 1, 4, 7, 8, 9, 11];
+
+fn verdict(policy: &str, log: &LogBuilder) -> Result<BootVerdict, BootRefusal> {
+    let policy = BootPolicy::parse(policy).unwrap();
+    judge(&policy, &log.log(), HashAlg::Sha256, &QUOTED)
+}
+
+#[track_caller]
+fn refused(policy: &str, log: &LogBuilder, expected: &[&str]) {
+    let message = verdict(policy, log).unwrap_err().message;
+    for part in expected {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+}
+
+#[test]
+fn a_secure_boot_through_shim_grub_and_the_kernel_matches_its_image() {
+    let boot = Boot::default();
+    let verdict = verdict(&boot.policy(), &boot.through_grub()).unwrap();
+    assert_eq!(verdict.image, "debian-12");
+    assert_eq!(
+        verdict.summary,
+        "Secure Boot on, dbx allowed, 2 authorities allowed, image debian-12 (3 boot applications, command line, initrd)"
+    );
+}
+
+#[test]
+fn a_rollout_lists_both_images_and_either_boots() {
+    let old = Boot::default();
+    let new = Boot {
+        kernel: sha256(b"vmlinuz 6.1.0-29"),
+        ..Boot::default()
+    };
+    let both = format!(
+        "{}  - name: debian-12-new\n    bootloaders: [{}, {}]\n    kernel: {}\n",
+        old.policy(),
+        crate::digest::hex(&new.shim),
+        crate::digest::hex(&new.grub),
+        crate::digest::hex(&new.kernel)
+    );
+    assert_eq!(verdict(&both, &old.through_grub()).unwrap().image, "debian-12");
+    assert_eq!(verdict(&both, &new.through_grub()).unwrap().image, "debian-12-new");
+    refused(
+        &old.policy(),
+        &new.through_grub(),
+        &[
+            "(PCR 4, EV_EFI_BOOT_SERVICES_APPLICATION): Authenticode sha256 ",
+            "is none of the policy's kernels (image debian-12)",
+        ],
+    );
+}
+
+#[test]
+fn another_bootloader_is_named_by_its_event() {
+    let boot = Boot::default();
+    let evil = Boot {
+        grub: sha256(b"another grub"),
+        ..Boot::default()
+    };
+    let log = evil.through_grub();
+    let index = log
+        .log()
+        .events
+        .iter()
+        .position(|e| e.digest(HashAlg::Sha256) == Some(&evil.grub[..]))
+        .unwrap();
+    refused(
+        &boot.policy(),
+        &log,
+        &[
+            &format!("event {index} (PCR 4, EV_EFI_BOOT_SERVICES_APPLICATION)"),
+            "none of the policy's bootloaders at position 2",
+        ],
+    );
+}
+
+#[test]
+fn secure_boot_off_is_refused_unless_optional() {
+    let boot = Boot::default();
+    let log = boot
+        .firmware(0)
+        .application(&boot.shim)
+        .application(&boot.grub)
+        .grub("kernel_cmdline: ", &boot.command_line)
+        .grub("grub_cmd: ", "initrd /initrd.img")
+        .file("/initrd.img", &boot.initrd)
+        .application(&boot.kernel);
+    refused(
+        &boot.policy(),
+        &log,
+        &["event 1 (PCR 7, EV_EFI_VARIABLE_DRIVER_CONFIG)", "Secure Boot is off"],
+    );
+    let optional = boot
+        .policy()
+        .replace("kind: TpmBootPolicy\n", "kind: TpmBootPolicy\nsecureBoot: optional\n");
+    assert!(verdict(&optional, &log).is_ok());
+    let without = LogBuilder::default().separators(0..=7).application(&boot.kernel);
+    refused(&boot.policy(), &without, &["PCR 7 measures no SecureBoot variable"]);
+}
+
+#[test]
+fn an_unlisted_authority_or_dbx_is_refused() {
+    let boot = Boot::default();
+    let log = boot
+        .firmware(1)
+        .authority("db", &certificate(9))
+        .application(&boot.shim);
+    refused(
+        &boot.policy(),
+        &log,
+        &[
+            "(PCR 7, EV_EFI_VARIABLE_AUTHORITY): db authority sha256 ",
+            "none of the policy's authorities",
+        ],
+    );
+    let old_dbx = Boot {
+        dbx: b"an old dbx".to_vec(),
+        ..Boot::default()
+    };
+    refused(
+        &boot.policy(),
+        &old_dbx.through_grub(),
+        &["dbx of 10 bytes", "none of the policy's dbx contents"],
+    );
+    // Empty lists allow any.
+    let any = boot
+        .policy()
+        .lines()
+        .filter(|l| !l.starts_with("authorities") && !l.starts_with("dbx"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(verdict(&any, &old_dbx.through_grub()).is_ok());
+    // shim's SbatLevel is an authority event, not a certificate.
+    let sbat = boot.through_grub().authority("SbatLevel", b"sbat,1,2022111500\n");
+    assert!(verdict(&boot.policy(), &sbat).is_ok());
+}
+
+#[test]
+fn pcr_4_after_its_separator_holds_the_chain_and_nothing_else() {
+    let boot = Boot::default();
+    let extra = boot.through_grub().application(&sha256(b"a second kernel"));
+    refused(&boot.policy(), &extra, &["is not expected after the kernel"]);
+    let action = boot
+        .through_grub()
+        .measured(4, event_type::EFI_ACTION, b"something else");
+    refused(
+        &boot.policy(),
+        &action,
+        &["(PCR 4, EV_EFI_ACTION): unexpected in PCR 4 after its separator"],
+    );
+    let retried = boot.through_grub().measured(
+        4,
+        event_type::EFI_ACTION,
+        b"Returning from EFI Application from Boot Option",
+    );
+    assert!(
+        verdict(&boot.policy(), &retried).is_ok(),
+        "the firmware's boot-attempt actions"
+    );
+    let short = boot.firmware(1).application(&boot.shim).application(&boot.grub);
+    refused(
+        &boot.policy(),
+        &short,
+        &["the last PCR 4 boot application, after 2", "expects more"],
+    );
+    let none = LogBuilder::default().variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[1]);
+    let optional = boot.policy().replace("authorities:", "x:").replace("dbx:", "y:");
+    let optional: String = optional
+        .lines()
+        .filter(|l| !l.starts_with("x:") && !l.starts_with("y:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    refused(&optional, &none, &["PCR 4 has no separator"]);
+}
+
+#[test]
+fn the_command_line_and_initrd_are_grubs_or_the_stubs() {
+    let boot = Boot::default();
+    let other_line = Boot {
+        command_line: "/vmlinuz-6.1.0-28-amd64 root=UUID=1234 ro init=/bin/sh".into(),
+        ..Boot::default()
+    };
+    refused(
+        &boot.policy(),
+        &other_line.through_grub(),
+        &[
+            "(PCR 8, EV_IPL): command line",
+            "init=/bin/sh",
+            "is not the one of image debian-12",
+        ],
+    );
+    let other_initrd = Boot {
+        initrd: sha256(b"another initrd"),
+        ..Boot::default()
+    };
+    refused(
+        &boot.policy(),
+        &other_initrd.through_grub(),
+        &[
+            "(PCR 9, EV_IPL): initrd \"/initrd.img-6.1.0-28-amd64\" sha256 ",
+            "is not the initrd of image debian-12",
+        ],
+    );
+
+    // Booted by shim straight into the kernel's EFI stub: PCR 9's tagged events.
+    let utf16 = |text: &str| -> Vec<u8> { text.encode_utf16().flat_map(u16::to_le_bytes).chain([0, 0]).collect() };
+    let stub = |initrd: &[u8], line: &str| {
+        boot.firmware(1)
+            .authority("db", &certificate(1))
+            .application(&boot.shim)
+            .authority("Shim", &certificate(2))
+            .application(&boot.grub)
+            .application(&boot.kernel)
+            .stub(
+                LINUX_LOAD_OPTIONS_TAG,
+                "LOADED_IMAGE::LoadOptions",
+                sha256(&utf16(line)),
+            )
+            .stub(LINUX_INITRD_TAG, "Linux initrd", initrd.to_vec())
+    };
+    let with_boot_image = format!("BOOT_IMAGE={}", boot.command_line);
+    assert!(verdict(&boot.policy(), &stub(&boot.initrd, &with_boot_image)).is_ok());
+    refused(
+        &boot.policy(),
+        &stub(&boot.initrd, "root=/dev/evil"),
+        &["(PCR 9, EV_EVENT_TAG): the kernel's load options"],
+    );
+    refused(
+        &boot.policy(),
+        &stub(&sha256(b"x"), &with_boot_image),
+        &["(PCR 9, EV_EVENT_TAG): initrd sha256 "],
+    );
+
+    // Nothing measured: an image that gives them refuses.
+    let bare = boot
+        .firmware(1)
+        .authority("db", &certificate(1))
+        .application(&boot.shim)
+        .authority("Shim", &certificate(2))
+        .application(&boot.grub)
+        .application(&boot.kernel);
+    refused(&boot.policy(), &bare, &["no kernel command line is measured"]);
+}
+
+#[test]
+fn the_quote_must_cover_the_policys_pcrs_in_sha256() {
+    let boot = Boot::default();
+    let policy = BootPolicy::parse(&boot.policy()).unwrap();
+    let log = boot.through_grub().log();
+    let missing = judge(&policy, &log, HashAlg::Sha256, &[0, 1, 7]).unwrap_err().message;
+    assert!(missing.contains("does not cover PCRs [4, 8, 9]"), "{missing}");
+    let sha1 = judge(&policy, &log, HashAlg::Sha1, &QUOTED).unwrap_err().message;
+    assert!(sha1.contains("the quote is of the sha1 bank"), "{sha1}");
+}
+
+#[test]
+fn a_grub_string_whose_digest_covers_nothing_is_refused() {
+    let boot = Boot::default();
+    let forged = boot.through_grub().raw(
+        8,
+        event_type::IPL,
+        sha256(b"something"),
+        b"kernel_cmdline: root=/dev/sda\0".to_vec(),
+    );
+    let message = verdict(&boot.policy(), &forged).unwrap_err().message;
+    assert!(message.contains("(PCR 8, EV_IPL)"), "{message}");
+}
