@@ -646,3 +646,30 @@ fn the_event_log_goes_with_phase_one_only_and_a_named_log_must_be_read() {
     let (none, _) = world.phase_one(&mut quiet, &key());
     assert_eq!(data_of(&none).1.event_log, None);
 }
+
+#[test]
+#[ignore = "needs swtpm"]
+fn a_tpm_without_a_sha256_bank_quotes_sha1() {
+    let tpm = Swtpm::start_with_banks("tpm_attest_sha1", &["sha1"]);
+    assert_eq!(tpm.allocated_banks(), ["sha1"]);
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(attestation::tpm::attestor::EventLogSource::None);
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    let (_, data) = data_of(&first);
+    let quote = attestation::tpm::quote::Quote::from_tpm2b(&data.quote).unwrap();
+    let banks: Vec<(u16, Vec<u32>)> = quote.selection.iter().map(|s| (s.hash, s.pcrs.clone())).collect();
+    assert_eq!(
+        banks,
+        [(0x0004, vec![0, 1, 4, 7, 8, 9, 11])],
+        "SHA-1 PCRs 0, 1, 4, 7, 8, 9, 11"
+    );
+    assert!(data.pcrs.is_empty(), "DATA's pcrs names sha256 only: none sent");
+    let (_, decision) = world.phase_two(&mut node, &k, &first);
+    assert!(
+        matches!(decision.outcome, Outcome::Approved { .. }),
+        "without a policy any bank is accepted: {decision:#?}"
+    );
+}
