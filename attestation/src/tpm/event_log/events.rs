@@ -188,12 +188,17 @@ pub fn linux_stub_event(event: &Event) -> Result<Option<LinuxStubEvent>, EventLo
     })
 }
 
-/// Secure Boot's state as the firmware measured it: the `SecureBoot` variable's
-/// `EV_EFI_VARIABLE_DRIVER_CONFIG` event in PCR 7 (its digest checked in `alg`). `Some(true)`
-/// for `01`, `Some(false)` for `00` or empty data (firmware that logs the variable while it does
-/// not exist), `None` when the log has no such event.
+/// Secure Boot's state as the firmware measured it: the first `SecureBoot` variable's
+/// `EV_EFI_VARIABLE_DRIVER_CONFIG` event in PCR 7 before PCR 7's `EV_SEPARATOR` (its digest
+/// checked in `alg`; what a boot application measures after the separator is not the
+/// firmware's word). `Some(true)` for `01`, `Some(false)` for `00` or empty data (firmware that
+/// logs the variable while it does not exist, as in `crypto_agile_eventlog`), `None` when the
+/// log has no such event.
 pub fn secure_boot(log: &EventLog, alg: HashAlg) -> Result<Option<bool>, EventLogError> {
     for event in &log.events {
+        if event.pcr == 7 && event.event_type == event_type::SEPARATOR {
+            break;
+        }
         if event.pcr != 7 || event.event_type != event_type::EFI_VARIABLE_DRIVER_CONFIG {
             continue;
         }
@@ -541,6 +546,10 @@ mod tests {
         assert_eq!(secure_boot(&log(vec![on]), HashAlg::Sha256), Ok(Some(true)));
         assert_eq!(secure_boot(&log(vec![off]), HashAlg::Sha256), Ok(Some(false)));
         assert_eq!(secure_boot(&log(vec![]), HashAlg::Sha256), Ok(None));
+        // After PCR 7's separator, a SecureBoot event is not the firmware's.
+        let separator = event(event_type::SEPARATOR, 7, HashAlg::Sha256.digest(&[0; 4]), vec![0; 4]);
+        let late = variable_event(event_type::EFI_VARIABLE_DRIVER_CONFIG, "SecureBoot", &[1]);
+        assert_eq!(secure_boot(&log(vec![separator, late]), HashAlg::Sha256), Ok(None));
     }
 
     #[test]
