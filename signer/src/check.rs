@@ -88,6 +88,10 @@ pub struct CheckArgs {
     /// The `tpm/v1` flags, as the controller's.
     #[command(flatten)]
     pub tpm: crate::verifiers::TpmFlags,
+    /// `tpm/v1`: the Cluster's boot policy (revision 5), a `policy.yaml` or its ConfigMap
+    /// manifest, used whatever the Cluster's annotation names.
+    #[arg(long, value_name = "FILE")]
+    pub tpm_boot_policy: Option<PathBuf>,
     /// `tpm/v1` and `azure/v1`: file holding the challenge key (the `key` of the signer's
     /// Secret). Without it a random key is used: phase 1 shows the challenge it would issue,
     /// and phase 2 cannot verify.
@@ -115,6 +119,46 @@ pub struct CheckArgs {
     /// pending and says which.
     #[arg(long)]
     pub offline: bool,
+}
+
+/// `cluster` with the boot policy of `--tpm-boot-policy`, read from `path` (a `policy.yaml`, or
+/// a ConfigMap manifest holding one).
+fn with_boot_policy(
+    mut cluster: ClusterView,
+    path: Option<&Path>,
+    assumptions: &mut Vec<String>,
+) -> Result<ClusterView> {
+    use attestation::tpm::boot_policy::{BootPolicy, CONFIG_MAP_KEY, PolicyState};
+    let Some(path) = path else {
+        if let Some(source) = cluster.boot_policy.source() {
+            assumptions.push(format!(
+                "the Cluster names tpm/v1 boot policy ConfigMap {source}: pass its policy with --tpm-boot-policy FILE, or its tpm/v1 CSRs are held as the signer holds them without it"
+            ));
+        }
+        return Ok(cluster);
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config_map: Option<k8s_openapi::api::core::v1::ConfigMap> = serde_yaml::from_str::<serde_json::Value>(&text)
+        .ok()
+        .filter(|v| v.get("kind").and_then(serde_json::Value::as_str) == Some("ConfigMap"))
+        .and_then(|v| serde_json::from_value(v).ok());
+    let policy_text = match &config_map {
+        Some(config_map) => config_map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(CONFIG_MAP_KEY))
+            .with_context(|| format!("{}: the ConfigMap has no data key {CONFIG_MAP_KEY}", path.display()))?
+            .as_str(),
+        None => text.as_str(),
+    };
+    let policy =
+        BootPolicy::parse(policy_text).with_context(|| format!("{}: not a tpm/v1 boot policy", path.display()))?;
+    cluster.boot_policy = PolicyState::Loaded {
+        source: path.display().to_string(),
+        policy: std::sync::Arc::new(policy),
+    };
+    assumptions.extend(crate::render::boot_policy(&cluster));
+    Ok(cluster)
 }
 
 /// STS's answer from a file (`--aws-sts-response`), for every request.
@@ -255,6 +299,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             ClusterView::named(&name, &namespace, &["tpm"])
         }
     };
+    let cluster = with_boot_policy(cluster, args.tpm_boot_policy.as_deref(), &mut assumptions)?;
 
     // A broken CA is unusable input whatever the decision: load it first.
     let ca = match (&args.ca_cert, &args.ca_key) {

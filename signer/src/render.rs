@@ -56,6 +56,39 @@ pub fn paused(cluster: &ClusterView) -> Option<String> {
     ))
 }
 
+/// The Cluster's `tpm/v1` boot policy as the signer reads it: its ConfigMap and images, or why
+/// it holds the Cluster's `tpm/v1` CSRs; `None` without one.
+pub fn boot_policy(cluster: &ClusterView) -> Option<String> {
+    use attestation::tpm::boot_policy::{PolicyState, SecureBoot};
+    match &cluster.boot_policy {
+        PolicyState::None => None,
+        PolicyState::Unresolved { source } => Some(format!("tpm/v1 boot policy: ConfigMap {source}, not read")),
+        PolicyState::Invalid { source, message } => Some(format!(
+            "tpm/v1 boot policy: ConfigMap {source} is unusable ({message}): the signer holds the Cluster's tpm/v1 CSRs (never approved) until it is fixed"
+        )),
+        PolicyState::Loaded { source, policy } => {
+            let images: Vec<&str> = policy.images.iter().map(|i| i.name.as_str()).collect();
+            let list = |n: usize, what: &str| {
+                if n == 0 {
+                    format!("any {what}")
+                } else {
+                    format!("{n} {what} allowed")
+                }
+            };
+            Some(format!(
+                "tpm/v1 boot policy: ConfigMap {source}: images {}; Secure Boot {}, {}, {}",
+                images.join(", "),
+                match policy.secure_boot {
+                    SecureBoot::Required => "required",
+                    SecureBoot::Optional => "optional",
+                },
+                list(policy.authorities.len(), "authorities"),
+                list(policy.dbx.len(), "dbx")
+            ))
+        }
+    }
+}
+
 /// `<namespace>/<name>`, or the name alone when the namespace is not known.
 fn named(cluster: &ClusterView) -> String {
     if cluster.namespace.is_empty() {

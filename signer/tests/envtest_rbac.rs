@@ -372,6 +372,17 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         "a Secret by name is readable (here: absent): {text}"
     );
     forbidden(&env, MANAGEMENT_SA, &["get", "secrets", "-n", capi::NAMESPACE]);
+    // tpm/v1 boot policies: a ConfigMap by name, never a list.
+    let (ok, text) = as_user(
+        &env,
+        MANAGEMENT_SA,
+        &["get", "configmap", "boot-policy", "-n", capi::NAMESPACE],
+    );
+    assert!(
+        !ok && text.contains("NotFound"),
+        "a ConfigMap by name is readable (here: absent): {text}"
+    );
+    forbidden(&env, MANAGEMENT_SA, &["get", "configmaps", "-n", capi::NAMESPACE]);
     allowed(
         &env,
         MANAGEMENT_SA,

@@ -122,6 +122,11 @@ pub struct RunArgs {
         default_value = "node-attestation-signer-tpm-challenge"
     )]
     pub tpm_challenge_key_secret: String,
+    /// `tpm/v1`: the boot policy (revision 5) of every Cluster without a
+    /// `cluster.x-k8s.io/kubelet-tpm-boot-policy` annotation: `<namespace>/<name>` of a ConfigMap
+    /// whose `policy.yaml` holds it. Without it such Clusters have none (revision 4: any boot).
+    #[arg(long, env = "SIGNER_TPM_BOOT_POLICY", value_name = "NAMESPACE/NAME")]
+    pub tpm_boot_policy: Option<String>,
     /// The cloud identity providers (`gcp/v1`, `aws/v1`, `azure/v1`).
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,

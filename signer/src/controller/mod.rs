@@ -5,7 +5,7 @@
 //! - Around the rooms, usable by all: [`metrics`] and [`http`] (`/metrics`, `/healthz`,
 //!   `/readyz`), [`events`] (the rate-limited Event sink), [`client`] (apiserver clients),
 //!   [`backoff`], [`kubeadm`] (kubeadm's objects by name), [`challenge_key`] (the `tpm/v1`
-//!   challenge key).
+//!   challenge key), [`boot_policy`] (the `tpm/v1` boot policies' ConfigMaps).
 //! - [`management`]: the management-cluster cache: Clusters, the served Clusters' Machines,
 //!   MachinePools and KubeadmConfigs, the claim write, Secrets.
 //! - [`workload`]: the per-workload-cluster worker: watching and queueing CSRs, deciding one,
@@ -19,6 +19,7 @@
 
 pub mod args;
 pub mod backoff;
+pub mod boot_policy;
 pub mod challenge_key;
 pub mod client;
 pub mod events;
@@ -221,7 +222,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
         controller: "node-attestation-signer".to_owned(),
         instance: Some(identity),
     };
-    let recorder = Recorder::new(client, reporter.clone());
+    let recorder = Recorder::new(client.clone(), reporter.clone());
     let shared = Arc::new(workload::Shared {
         management,
         metrics: metrics.clone(),
@@ -231,6 +232,14 @@ async fn serve(args: &RunArgs) -> Result<()> {
         in_flight: workload::inflight::InFlight::new(workload::inflight::Tuning::default(), metrics.in_flight_gauges()),
         verifiers,
         challenge_key,
+        boot_policies: Arc::new(boot_policy::BootPolicies::new(
+            client.clone(),
+            args.tpm_boot_policy
+                .as_deref()
+                .map(boot_policy::parse_default)
+                .transpose()
+                .map_err(anyhow::Error::msg)?,
+        )),
         cloud,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
         settings: workload::Settings {

@@ -263,6 +263,26 @@ impl ManagementReader {
         lines
     }
 
+    /// `cluster` with its `tpm/v1` boot policy read as the signer reads it (its annotation's
+    /// ConfigMap, else `default`, the signer's `--tpm-boot-policy`).
+    pub async fn boot_policy(&self, cluster: &ClusterView, default: Option<&(String, String)>) -> ClusterView {
+        use crate::controller::boot_policy::{source_of, state_of};
+        let mut resolved = cluster.clone();
+        let Some((namespace, name)) = source_of(cluster, default) else {
+            return resolved;
+        };
+        let source = format!("{namespace}/{name}");
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(self.client.clone(), &namespace);
+        resolved.boot_policy = match api.get_opt(&name).await {
+            Ok(config_map) => state_of(&source, config_map.as_ref()),
+            Err(e) => attestation::tpm::boot_policy::PolicyState::Invalid {
+                source,
+                message: format!("explain cannot read the ConfigMap ({e}; it needs get on configmaps, config/explain)"),
+            },
+        };
+        resolved
+    }
+
     /// The workload cluster's kubeconfig, as the signer picks it: an operator's
     /// `<cluster>-node-attestation-kubeconfig` when there is one, else Cluster API's
     /// `<cluster>-kubeconfig` (explain only reads with it, whatever identity it holds).

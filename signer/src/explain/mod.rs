@@ -84,6 +84,10 @@ pub struct ExplainArgs {
     /// The signer's `tpm/v1` flags.
     #[command(flatten)]
     pub tpm: crate::verifiers::TpmFlags,
+    /// The signer's `--tpm-boot-policy` (`<namespace>/<name>`): the boot policy of a Cluster
+    /// without the `cluster.x-k8s.io/kubelet-tpm-boot-policy` annotation.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub tpm_boot_policy: Option<String>,
     /// The signer's cloud flags.
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,
@@ -201,7 +205,14 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         }
         (None, None) => bail!("name the Cluster: --cluster <namespace>/<name> or --provider-id <id>"),
     };
-    let facts = management.cluster(&namespace, &name).await?;
+    let mut facts = management.cluster(&namespace, &name).await?;
+    let default_policy = args
+        .tpm_boot_policy
+        .as_deref()
+        .map(crate::controller::boot_policy::parse_default)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    facts.cluster = management.boot_policy(&facts.cluster, default_policy.as_ref()).await;
     let mut notes: Vec<String> = facts
         .unreadable
         .iter()
@@ -214,6 +225,8 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
     notes.extend(crate::render::paused(&facts.cluster));
     // An opt-out in progress: kubeadm's bindings are kept (SPEC section 7, revision 5).
     notes.extend(crate::render::opting_out(&facts.cluster));
+    // tpm/v1 (revision 5): the boot policy the CSRs are judged against, or why they are held.
+    notes.extend(crate::render::boot_policy(&facts.cluster));
     let workload = match &args.workload_kubeconfig {
         Some(path) => {
             let bytes = zeroize::Zeroizing::new(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use attestation::cloud::CloudCall;
 use attestation::decision::{DenyReason, Outcome};
 use attestation::machine::ClusterView;
+use attestation::tpm::boot_policy::PolicyState;
 use attestation::{Clock, CsrObject, Inputs};
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use kube::ResourceExt;
@@ -117,6 +118,22 @@ impl Worker {
                 self.cluster_event(EventType::Warning, "TpmChallengeKeyUnavailable", &failure.message);
             }
         }
+        // tpm/v1: the Cluster's boot policy, read (cached) for the verifier, which is pure. One
+        // that cannot be used holds the CSR, and the Cluster's owner hears why.
+        let cluster = if csr.spec.signer_name == attestation::names::SIGNER_TPM {
+            let resolved = self.shared.boot_policies.resolve(&cluster).await;
+            if let PolicyState::Invalid { source, message } = &resolved.boot_policy
+                && self.shared.boot_policies.warning_due(&self.key)
+            {
+                let note = format!(
+                    "tpm/v1 boot policy {source}: {message}; the Cluster's tpm/v1 CSRs are held until it is fixed"
+                );
+                self.cluster_event(EventType::Warning, "BootPolicyInvalid", &note);
+            }
+            resolved
+        } else {
+            cluster
+        };
         let now = OffsetDateTime::now_utc();
         let object = csr_object(&csr);
         let first_seen = *lock(&self.first_seen).entry(object.uid.clone()).or_insert(now);

@@ -61,6 +61,8 @@ pub struct Shared {
     pub verifiers: Verifiers,
     /// Loads the `tpm/v1` challenge key the verifiers derive under, when a TPM CSR needs it.
     pub challenge_key: Arc<ChallengeKeyLoader>,
+    /// The `tpm/v1` boot policies, read for the Clusters that name one (or the default).
+    pub boot_policies: Arc<crate::controller::boot_policy::BootPolicies>,
     /// Google's keys and STS's answers, fetched when a cloud verifier asks.
     pub cloud: Arc<crate::cloud::Cloud>,
     /// Decisions (the CPU-bound part) across all clusters, as many at once as cores.
