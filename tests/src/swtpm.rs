@@ -171,7 +171,7 @@ impl Swtpm {
         let text = String::from_utf8_lossy(&out.stdout);
         let value = text
             .lines()
-            .find_map(|l| l.split_once(" : 0x").map(|(_, v)| v.trim().to_owned()))
+            .find_map(|l| l.split_once(": 0x").map(|(_, v)| v.trim().to_owned()))
             .unwrap_or_else(|| panic!("tpm2_pcrread {bank}:{index}: {text}"));
         (0..value.len())
             .step_by(2)
