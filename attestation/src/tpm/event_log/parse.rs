@@ -511,4 +511,48 @@ mod tests {
     fn an_empty_log_is_an_error() {
         assert_eq!(parse(&[]), Err(EventLogError::Empty));
     }
+
+    /// A small crypto-agile log with SHA-1 and SHA-256, for the mutation properties.
+    fn two_bank_log() -> Vec<u8> {
+        let mut bytes = spec_header(&[(0x0004, 20), (0x000B, 32)]);
+        for (pcr, event_type) in [(0, event_type::S_CRTM_VERSION), (7, event_type::SEPARATOR)] {
+            bytes.extend(agile(
+                pcr,
+                event_type,
+                &[(0x0004, vec![pcr as u8; 20]), (0x000B, vec![pcr as u8; 32])],
+                &[0; 4],
+            ));
+        }
+        bytes
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048)) {
+            if let Ok(log) = parse(&bytes) {
+                for alg in HashAlg::ALL {
+                    let _ = log.replay(alg);
+                }
+            }
+        }
+
+        #[test]
+        fn overwritten_words_never_panic_and_what_parses_replays(
+            writes in proptest::collection::vec((0usize..200, proptest::num::u32::ANY), 1..6)
+        ) {
+            let mut bytes = two_bank_log();
+            for (at, word) in writes {
+                let at = at % (bytes.len() - 3);
+                bytes[at..at + 4].copy_from_slice(&word.to_le_bytes());
+            }
+            if let Ok(log) = parse(&bytes) {
+                proptest::prop_assert!(log.events.iter().enumerate().all(|(i, e)| e.index == i));
+                for alg in log.banks() {
+                    if let Ok(pcrs) = log.replay(alg) {
+                        proptest::prop_assert!(pcrs.values().all(|v| v.len() == alg.size()));
+                    }
+                }
+            }
+        }
+    }
 }
