@@ -66,15 +66,21 @@ impl Envtest {
     pub fn start(suite: &str) -> Self {
         let assets = assets(suite);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None));
+        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None, &[]));
         Self::start_apiserver_on(assets, dir, etcd, &[])
     }
 
     /// [`Envtest::start`] with more kube-apiserver flags (an audit log, say).
     pub fn start_with(suite: &str, apiserver_flags: &[String]) -> Self {
+        Self::start_tuned(suite, &[], apiserver_flags)
+    }
+
+    /// [`Envtest::start_with`] with more etcd flags too (a larger `--quota-backend-bytes` for a
+    /// fleet of 100,000 objects, say).
+    pub fn start_tuned(suite: &str, etcd_flags: &[String], apiserver_flags: &[String]) -> Self {
         let assets = assets(suite);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None));
+        let etcd = Arc::new(Etcd::spawn(&assets, dir.path(), None, etcd_flags));
         Self::start_apiserver_on(assets, dir, etcd, apiserver_flags)
     }
 
@@ -209,6 +215,16 @@ impl Envtest {
         std::iter::once(self.etcd.child.id())
             .chain(self.apiserver.as_ref().map(Child::id))
             .collect()
+    }
+
+    /// The process id of kube-apiserver, while it runs.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// The process id of etcd.
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.child.id()
     }
 
     /// The folder holding logs and kubeconfigs (removed on drop).
@@ -348,7 +364,7 @@ impl SharedEtcd {
         let assets = assets(suite);
         let dir = tempfile::tempdir().expect("temporary directory");
         let path = dir.path().to_owned();
-        Self(Arc::new(Etcd::spawn(&assets, &path, Some(dir))))
+        Self(Arc::new(Etcd::spawn(&assets, &path, Some(dir), &[])))
     }
 
     /// The process id of etcd.
@@ -365,7 +381,7 @@ struct Etcd {
 }
 
 impl Etcd {
-    fn spawn(assets: &Path, d: &Path, own_dir: Option<tempfile::TempDir>) -> Self {
+    fn spawn(assets: &Path, d: &Path, own_dir: Option<tempfile::TempDir>, extra: &[String]) -> Self {
         let (etcd_port, peer_port) = (free_port(), free_port());
         let child = Command::new(etcd_binary(assets))
             .args([
@@ -378,6 +394,7 @@ impl Etcd {
                 &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
                 "--unsafe-no-fsync",
             ])
+            .args(extra)
             .stdout(log_file(d, "etcd.log"))
             .stderr(log_file(d, "etcd.err"))
             .spawn()

@@ -12,6 +12,7 @@ pub mod cloud_init;
 pub mod csr;
 pub mod envtest;
 pub mod fleet;
+pub mod kube_metrics;
 pub mod kubeadm_node;
 pub mod kubelet;
 pub mod lifecycle;

@@ -71,6 +71,16 @@ pub fn metric(text: &str, prefix: &str) -> f64 {
 /// Server-side applies `object` (JSON, any kind) and then merges its `status`, as controllers
 /// would write it.
 pub async fn apply(client: &Client, object: &Value) -> Value {
+    write(client, object, false).await
+}
+
+/// Creates `object` (JSON, any kind) with a `POST` and then merges its `status`: cheaper for
+/// the apiserver than [`apply`] (no field-ownership merge), for fleets of new objects.
+pub async fn create(client: &Client, object: &Value) -> Value {
+    write(client, object, true).await
+}
+
+async fn write(client: &Client, object: &Value, post: bool) -> Value {
     let (api, name) = dynamic_api(client, object);
     let name = name.as_str();
     let mut body = object.clone();
@@ -80,11 +90,14 @@ pub async fn apply(client: &Client, object: &Value) -> Value {
         }
     }
     let status = body.as_object_mut().and_then(|o| o.remove("status"));
-    let params = PatchParams::apply("tests").force();
-    let mut applied = api
-        .patch(name, &params, &Patch::Apply(&body))
-        .await
-        .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+    let mut applied = if post {
+        let body: DynamicObject = serde_json::from_value(body).expect("an object");
+        api.create(&PostParams::default(), &body).await
+    } else {
+        let params = PatchParams::apply("tests").force();
+        api.patch(name, &params, &Patch::Apply(&body)).await
+    }
+    .unwrap_or_else(|e| panic!("write {name}: {e}"));
     if let Some(status) = status {
         applied = api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&json!({"status": status})))
@@ -590,24 +603,7 @@ impl Signer {
 
     /// The `/metrics` text, or an empty string when not serving.
     pub fn metrics(&self) -> String {
-        let Some(rest) = self.metrics_url.strip_prefix("http://") else {
-            return String::new();
-        };
-        let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let Ok(mut stream) = std::net::TcpStream::connect(host) else {
-            return String::new();
-        };
-        use std::io::{Read, Write};
-        let _ = write!(
-            stream,
-            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        );
-        let mut response = String::new();
-        let _ = stream.read_to_string(&mut response);
-        response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_owned())
-            .unwrap_or_default()
+        http_get(&self.metrics_url)
     }
 
     /// The process id.
@@ -625,6 +621,29 @@ impl Drop for Signer {
             let _ = std::fs::copy(&self.log, Path::new(&dir).join(name));
         }
     }
+}
+
+/// The body of a plain-HTTP `GET` of `url` (`http://host:port/path`; a signer's or etcd's
+/// `/metrics`), or an empty string when nothing answers.
+pub fn http_get(url: &str) -> String {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return String::new();
+    };
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let Ok(mut stream) = std::net::TcpStream::connect(host) else {
+        return String::new();
+    };
+    use std::io::{Read, Write};
+    let _ = write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    );
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
 }
 
 /// Standard base64.

@@ -128,11 +128,7 @@ async fn churn(management: &Client, env: &Envtest, replicas: &[u32], args: &Args
             format!("{NAMESPACE}-{}-md-0-7d9f8b6c4x-{i:05}", i / per_cluster)
         })
         .collect();
-    let apiserver_pids: Vec<u32> = env
-        .pids()
-        .into_iter()
-        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kube-apiserver"))
-        .collect();
+    let apiserver_pids: Vec<u32> = env.apiserver_pid().into_iter().collect();
     let before = CpuTimes::take();
     futures::stream::iter(names.iter().map(|name| {
         let api = api.clone();
@@ -318,13 +314,11 @@ async fn run(
     };
     let apiserver_metrics = String::from_utf8_lossy(&env.kubectl(&["get", "--raw", "/metrics"]).stdout).into_owned();
     let reading = Reading {
-        watches: watches(&apiserver_metrics),
+        watches: tests::kube_metrics::watches(&apiserver_metrics),
         apiserver_rss_kib: env
-            .pids()
-            .iter()
-            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "kube-apiserver"))
-            .filter_map(|p| proc_status_kib(*p, "VmRSS"))
-            .sum(),
+            .apiserver_pid()
+            .and_then(|p| proc_status_kib(p, "VmRSS"))
+            .unwrap_or(0),
         rss_kib: pids.iter().map(|p| proc_status_kib(*p, "VmRSS").unwrap_or(0)).collect(),
         hwm_kib: pids.iter().map(|p| proc_status_kib(*p, "VmHWM").unwrap_or(0)).collect(),
         cached_machines: signers
@@ -338,25 +332,6 @@ async fn run(
         s.terminate();
     }
     reading
-}
-
-/// Open WATCH requests by resource, from kube-apiserver's `apiserver_longrunning_requests`.
-fn watches(metrics: &str) -> Vec<(String, f64)> {
-    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
-    for line in metrics
-        .lines()
-        .filter(|l| l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\""))
-    {
-        let resource = line
-            .split("resource=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or("?")
-            .to_owned();
-        let value: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
-        *by.entry(resource).or_default() += value;
-    }
-    by.into_iter().filter(|(_, n)| *n > 0.0).collect()
 }
 
 fn print(what: &str, r: &Reading) {
