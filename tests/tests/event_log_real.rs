@@ -79,7 +79,19 @@ fn logs() -> Vec<(&'static str, Vec<u8>, Pcrs)> {
         plain("short_no_action_eventlog"),
         plain("ubuntu_2104_shielded_vm_no_secure_boot_eventlog"),
         ("windows_gcp_shielded_vm.json", windows, windows_pcrs),
+        plain("keylime_binary_bios_measurements"),
+        plain("keylime_binary_bios_measurements-secureboot"),
+        ("keylime_mb_log.b64", keylime_mb_log(), Pcrs::new()),
     ]
+}
+
+/// keylime's `mb_log.b64`: the log in base64, with newlines.
+fn keylime_mb_log() -> Vec<u8> {
+    let text: String = String::from_utf8(read("keylime_mb_log.b64"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    base64::engine::general_purpose::STANDARD.decode(text).unwrap()
 }
 
 fn parse(bytes: &[u8]) -> EventLog {
@@ -88,7 +100,7 @@ fn parse(bytes: &[u8]) -> EventLog {
 
 #[test]
 fn every_real_log_parses_in_its_format() {
-    let want: [(&str, LogFormat, &[HashAlg], usize); 8] = [
+    let want: [(&str, LogFormat, &[HashAlg], usize); 11] = [
         (
             "coreos_36_shielded_vm_no_secure_boot_eventlog",
             LogFormat::CryptoAgile,
@@ -122,6 +134,19 @@ fn every_real_log_parses_in_its_format() {
             &[HashAlg::Sha1],
             21,
         ),
+        (
+            "keylime_binary_bios_measurements",
+            LogFormat::CryptoAgile,
+            &[HashAlg::Sha1, HashAlg::Sha256],
+            121,
+        ),
+        (
+            "keylime_binary_bios_measurements-secureboot",
+            LogFormat::CryptoAgile,
+            &[HashAlg::Sha256],
+            99,
+        ),
+        ("keylime_mb_log.b64", LogFormat::CryptoAgile, &[HashAlg::Sha256], 102),
     ];
     for ((name, bytes, _), (want_name, format, banks, events)) in logs().into_iter().zip(want) {
         assert_eq!(name, want_name);
@@ -279,6 +304,9 @@ fn secure_boot_reads_as_the_machines_were_configured() {
         ("short_no_action_eventlog", None),
         ("ubuntu_2104_shielded_vm_no_secure_boot_eventlog", Some(false)),
         ("windows_gcp_shielded_vm.json", Some(true)),
+        ("keylime_binary_bios_measurements", Some(false)),
+        ("keylime_binary_bios_measurements-secureboot", Some(true)),
+        ("keylime_mb_log.b64", Some(true)),
     ];
     for ((name, bytes, _), (want_name, secure_boot)) in logs().into_iter().zip(want) {
         assert_eq!(name, want_name);
@@ -303,6 +331,9 @@ fn every_variable_event_is_covered_and_boot_variables_hash_as_each_firmware_does
         ("short_no_action_eventlog", "none"),
         ("ubuntu_2104_shielded_vm_no_secure_boot_eventlog", "data only"),
         ("windows_gcp_shielded_vm.json", "none"),
+        ("keylime_binary_bios_measurements", "data only"),
+        ("keylime_binary_bios_measurements-secureboot", "data only"),
+        ("keylime_mb_log.b64", "data only"),
     ];
     for ((name, bytes, _), (want_name, boot)) in logs().into_iter().zip(want) {
         assert_eq!(name, want_name);
@@ -400,6 +431,24 @@ fn grub_command_lines_and_image_paths_read_from_the_ubuntu_log() {
     assert!(labels.contains(&"MokList".to_string()), "{labels:?}");
     let paths: Vec<String> = log.events.iter().filter_map(events::image_path).collect();
     assert!(paths.iter().any(|p| p.ends_with("shimx64.efi")), "{paths:?}");
+}
+
+/// A real crypto-agile log with a `StartupLocality` event (keylime's, a Lenovo laptop): PCR 0
+/// starts at `00..03`.
+#[test]
+fn a_real_startup_locality_event_sets_pcr0s_start() {
+    let log = parse(&read("keylime_binary_bios_measurements"));
+    assert_eq!(log.startup_locality, Some(3));
+    let mut without = log.clone();
+    without.startup_locality = None;
+    for alg in log.banks() {
+        assert_ne!(log.replay(alg).unwrap()[&0], without.replay(alg).unwrap()[&0]);
+    }
+    for (name, bytes, _) in logs() {
+        if name != "keylime_binary_bios_measurements" && name != "short_no_action_eventlog" {
+            assert_eq!(parse(&bytes).startup_locality, None, "{name}");
+        }
+    }
 }
 
 #[test]
