@@ -3,9 +3,11 @@
 //!
 //! - exec mode (no subcommand): what kubelet runs; [`exec`].
 //! - `status`, `kubeconfig`: [`report`]; `csr`: an offline request, [`csr`].
+//! - `boot-policy`: the image's `tpm/v1` reference values, [`boot_policy`].
 
 mod adopt;
 mod backoff;
+mod boot_policy;
 mod cert_dir;
 mod csr;
 mod error_chain;
@@ -60,6 +62,9 @@ enum Command {
     Kubeconfig(report::KubeconfigArgs),
     /// Generate a key and print a complete `spec.request` envelope for it (offline).
     Csr(csr::CsrArgs),
+    /// Print the tpm/v1 boot policy (one image) for this image's shim, grub, kernel, initrd and
+    /// command line: run last when baking an image.
+    BootPolicy(boot_policy::BootPolicyArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Some(Command::Status) => report::status(&cli.exec),
         Some(Command::Kubeconfig(args)) => report::kubeconfig(args, &cli.exec),
         Some(Command::Csr(args)) => csr::run(args).map(|()| String::new()),
+        Some(Command::BootPolicy(args)) => boot_policy::run(args),
     };
     match result {
         Ok(output) => {

@@ -131,3 +131,67 @@ fn authenticode_digests_of_debian_shim_grub_and_kernel_are_what_their_signers_si
         eprintln!("{what}: {} signature(s) sign {sha256}", signed.len());
     }
 }
+
+/// The real Ubuntu 21.04 log (google/go-attestation's, in `testdata/event_logs/`) has the shape
+/// the reference values predict: after PCR 4's separator the boot applications are shim then
+/// grub (by their device paths), each measured by its Authenticode digest; grub's PCR 8
+/// `kernel_cmdline:` is its `linux` command's words, the kernel's path first, as `boot-policy`
+/// reads them from grub.cfg; the kernel file grub read into PCR 9 is that path. With Secure
+/// Boot off (this machine's), grub has no kernel verified and PCR 4 holds no kernel.
+#[test]
+fn the_real_ubuntu_log_has_the_shape_the_reference_values_predict() {
+    use attestation::tpm::event_log::events::{image_path, ipl_label};
+    use attestation::tpm::event_log::{HashAlg, event_type, ipl_text, parse};
+
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/event_logs/ubuntu_2104_shielded_vm_no_secure_boot_eventlog");
+    let log = parse(&std::fs::read(path).unwrap()).unwrap();
+    let pcr4: Vec<_> = log
+        .events
+        .iter()
+        .filter(|e| e.pcr == 4)
+        .skip_while(|e| e.event_type != event_type::SEPARATOR)
+        .skip(1)
+        .collect();
+    let applications: Vec<String> = pcr4
+        .iter()
+        .map(|e| {
+            assert_eq!(
+                e.event_type,
+                event_type::EFI_BOOT_SERVICES_APPLICATION,
+                "{}",
+                e.describe()
+            );
+            image_path(e).unwrap()
+        })
+        .collect();
+    assert_eq!(
+        applications,
+        ["\\EFI\\ubuntu\\shimx64.efi", "\\EFI\\ubuntu\\grubx64.efi"]
+    );
+
+    let texts: Vec<(usize, String)> = log
+        .events
+        .iter()
+        .filter(|e| e.pcr == 8)
+        .filter_map(|e| ipl_text(e, HashAlg::Sha256).unwrap().map(|t| (e.index, t)))
+        .collect();
+    let (linux_at, linux) = texts
+        .iter()
+        .find_map(|(i, t)| t.strip_prefix("grub_cmd: linux ").map(|t| (*i, t)))
+        .unwrap();
+    let command_line = texts
+        .iter()
+        .find_map(|(_, t)| t.strip_prefix("kernel_cmdline: "))
+        .unwrap();
+    assert_eq!(command_line, linux);
+    let kernel_path = command_line.split(' ').next().unwrap();
+    assert_eq!(kernel_path, "/boot/vmlinuz-5.11.0-1006-gcp");
+    let kernel_file = log
+        .events
+        .iter()
+        .find(|e| e.pcr == 9 && e.index > linux_at)
+        .and_then(ipl_label)
+        .unwrap();
+    assert_eq!(kernel_file, kernel_path);
+}
