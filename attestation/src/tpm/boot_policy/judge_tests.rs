@@ -270,3 +270,75 @@ fn a_grub_string_whose_digest_covers_nothing_is_refused() {
     let message = verdict(&boot.policy(), &forged).unwrap_err().message;
     assert!(message.contains("(PCR 8, EV_IPL)"), "{message}");
 }
+
+/// A real log (testdata/event_logs, from go-attestation and keylime), decoded as the node sends it.
+fn real_log(name: &str) -> EventLog {
+    let path = format!("{}/../testdata/event_logs/{name}", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&path).unwrap();
+    let bytes = if name.ends_with(".b64") {
+        use base64::Engine;
+        let text: String = String::from_utf8(bytes).unwrap().split_whitespace().collect();
+        base64::engine::general_purpose::STANDARD.decode(text).unwrap()
+    } else {
+        bytes
+    };
+    crate::tpm::event_log::parse(&bytes).unwrap()
+}
+
+/// The policy a real boot shows, read back from its own log: what `kubelet-authenticator
+/// boot-policy` would print for the files that machine booted.
+fn policy_of(log: &EventLog, secure_boot: &str) -> String {
+    let hex = |d: &[u8]| crate::digest::hex(d);
+    let apps: Vec<String> = log
+        .events
+        .iter()
+        .filter(|e| e.pcr == 4)
+        .skip_while(|e| e.event_type != event_type::SEPARATOR)
+        .filter(|e| e.event_type == event_type::EFI_BOOT_SERVICES_APPLICATION)
+        .map(|e| hex(e.digest(HashAlg::Sha256).unwrap()))
+        .collect();
+    let (kernel, bootloaders) = apps.split_last().unwrap();
+    let command_line = log
+        .events
+        .iter()
+        .filter(|e| e.pcr == 8)
+        .find_map(|e| grub_string(e, HashAlg::Sha256, "kernel_cmdline: ").ok().flatten())
+        .unwrap();
+    let initrd = initrd_events(log, HashAlg::Sha256).unwrap();
+    let initrd = hex(initrd.last().unwrap().digest(HashAlg::Sha256).unwrap());
+    format!(
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n    initrd: {initrd}\n    commandLine: {command_line:?}\n",
+        bootloaders.join(", ")
+    )
+}
+
+#[test]
+fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
+    for (name, secure_boot) in [
+        ("keylime_mb_log.b64", "required"),
+        ("coreos_36_shielded_vm_no_secure_boot_eventlog", "optional"),
+    ] {
+        let log = real_log(name);
+        let text = policy_of(&log, secure_boot);
+        let policy = BootPolicy::parse(&text).unwrap();
+        let verdict = judge(&policy, &log, HashAlg::Sha256, &QUOTED);
+        assert!(verdict.is_ok(), "{name}: {verdict:?}\n{text}");
+        // Another command line is refused, naming grub's event.
+        let other = BootPolicy::parse(&text.replace("commandLine: \"", "commandLine: \"init=/bin/sh ")).unwrap();
+        let message = judge(&other, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
+        assert!(message.contains("(PCR 8, EV_IPL): command line"), "{name}: {message}");
+    }
+    let refused = judge(
+        &BootPolicy::parse(&policy_of(
+            &real_log("coreos_36_shielded_vm_no_secure_boot_eventlog"),
+            "required",
+        ))
+        .unwrap(),
+        &real_log("coreos_36_shielded_vm_no_secure_boot_eventlog"),
+        HashAlg::Sha256,
+        &QUOTED,
+    )
+    .unwrap_err()
+    .message;
+    assert!(refused.contains("Secure Boot is off"), "{refused}");
+}
