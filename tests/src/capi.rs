@@ -126,8 +126,21 @@ pub fn decide_among(
     verifiers: attestation::attestor::Verifiers,
     now: time::OffsetDateTime,
 ) -> attestation::Decision {
-    use attestation::machine::{ClusterView, Inventory, KubeadmConfigView, MachineView};
-    let cluster = ClusterView::from_object(cluster).expect("a Cluster");
+    let cluster = attestation::machine::ClusterView::from_object(cluster).expect("a Cluster");
+    decide_in(csr, &cluster, machines, csrs, verifiers, now)
+}
+
+/// [`decide_among`] in a Cluster already read (a suite sets what the signer would have added,
+/// such as the boot policy it read).
+pub fn decide_in(
+    csr: &attestation::CsrObject,
+    cluster: &attestation::machine::ClusterView,
+    machines: &[Value],
+    csrs: &dyn attestation::CsrDirectory,
+    verifiers: attestation::attestor::Verifiers,
+    now: time::OffsetDateTime,
+) -> attestation::Decision {
+    use attestation::machine::{Inventory, KubeadmConfigView, MachineView};
     let inventory = Inventory {
         machines: machines
             .iter()
@@ -147,7 +160,7 @@ pub fn decide_among(
     let nodes: Vec<attestation::machine::NodeView> = Vec::new();
     attestation::decide(&attestation::Inputs {
         csr,
-        cluster: &cluster,
+        cluster,
         inventory: &inventory,
         nodes: &nodes,
         csrs,

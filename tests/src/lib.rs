@@ -4,6 +4,7 @@
 //! `testdata/crds` by the `crd_fixtures` suite.
 
 pub mod azure;
+pub mod boot_log;
 pub mod ca;
 pub mod cabpk;
 pub mod capi;

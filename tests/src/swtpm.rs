@@ -139,8 +139,11 @@ impl Swtpm {
     }
 
     /// A reboot: swtpm stopped and started again on the same state and port. The EK (its seed
-    /// and its NV certificate) stays; the PCRs are reset (TPM2_Startup(CLEAR)).
+    /// and its NV certificate) stays; the PCRs are reset (TPM2_Startup(CLEAR)). The OS's
+    /// TPM2_Shutdown(CLEAR) comes first, as on a real reboot: without it each restart counts as
+    /// a failed authorization, and a few put the TPM in dictionary-attack lockout.
     pub fn reboot(&mut self) {
+        self.ok(&["tpm2_shutdown", "--clear"]);
         let _ = self.child.kill();
         let _ = self.child.wait();
         // The old listener's port may linger a moment.

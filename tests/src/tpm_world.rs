@@ -9,10 +9,12 @@ use attestation::attestor::ChallengeAnswer;
 use attestation::decision::{Decision, Outcome};
 use attestation::envelope::RequestEnvelope;
 use attestation::identity::{NodeName, ProviderId};
+use attestation::machine::ClusterView;
 use attestation::names::{ANNOTATION_CLAIM, ANNOTATION_TPM_CHALLENGE, GROUP_BOOTSTRAPPERS, SIGNER_TPM, usage};
 use attestation::request::{KeyAlgorithm, NodeKey, build_envelope, kubelet_client_params};
 use attestation::tpm::TpmVerifier;
 use attestation::tpm::attestor::TpmAttestor;
+use attestation::tpm::boot_policy::PolicyState;
 use attestation::tpm::challenge_key::ChallengeKey;
 use attestation::tpm::ek::EkTrust;
 use serde_json::{Value, json};
@@ -36,6 +38,8 @@ pub struct World {
     pub csrs: Vec<CsrObject>,
     pub now: OffsetDateTime,
     pub serial: u32,
+    /// The Cluster's `tpm/v1` boot policy as the signer read it (none by default).
+    pub boot_policy: PolicyState,
 }
 
 impl World {
@@ -52,6 +56,7 @@ impl World {
             csrs: Vec::new(),
             now: OffsetDateTime::now_utc().replace_nanosecond(0).unwrap(),
             serial: 0,
+            boot_policy: PolicyState::None,
         }
     }
 
@@ -94,9 +99,11 @@ impl World {
     /// The decision of a signer configured as `verifier` (explain's, with the challenge key
     /// withheld, for one).
     pub fn decide_with(&self, csr: &CsrObject, verifier: TpmVerifier) -> Decision {
-        capi::decide_among(
+        let mut cluster = ClusterView::from_object(&capi::cluster("tpm")).unwrap();
+        cluster.boot_policy = self.boot_policy.clone();
+        capi::decide_in(
             csr,
-            &capi::cluster("tpm"),
+            &cluster,
             &self.machines,
             &self.csrs,
             attestation::attestor::Verifiers::new().with(verifier),
