@@ -204,8 +204,3 @@ async fn the_approval_is_the_record_of_an_issuance_and_a_stop_before_the_certifi
     counted(&signer, 0.0).await;
     assert_eq!(versions(csrs.list(&Default::default()).await.unwrap().items), before);
 }
-
-fn base64_of(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}

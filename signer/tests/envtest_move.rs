@@ -1044,7 +1044,13 @@ async fn clusterctl_move_keeps_one_identity_per_machine_and_the_target_signer_ta
             target_signer.log()
         );
         let loser = if matches!(a, Final::Issued(_)) { b } else { a };
-        assert_eq!(loser.reason(), Some("MachineAlreadyClaimed"), "{pair:?}: {loser:?}");
+        assert_eq!(
+            loser.reason(),
+            Some("MachineAlreadyClaimed"),
+            "{pair:?}: {loser:?}\nsource log:\n{}\ntarget log:\n{}",
+            source_signer.log(),
+            target_signer.log()
+        );
     }
     assert!(
         matches!(ended["renew-m-1"], Final::Issued(_)),
@@ -1180,6 +1186,12 @@ async fn clusterctl_move_keeps_one_identity_per_machine_and_the_target_signer_ta
         assert!(
             !reasons.iter().any(|r| r == "CertificateIssued"),
             "no Event per certificate: {reasons:?}"
+        );
+    }
+    for log in [&source_log, &target_log] {
+        assert!(
+            !log.contains("joins read their Cluster from etcd"),
+            "a join's Cluster re-read comes from the watch cache, not older than its claim: {log}"
         );
     }
     assert!(source_log.contains("Cluster paused"));

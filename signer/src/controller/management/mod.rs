@@ -19,6 +19,7 @@
 //! CSR, never talks to a workload cluster, and does not choose which Clusters are served: the
 //! fleet tells it ([`Management::serve`]).
 
+pub mod claim_write;
 pub mod feed;
 pub mod fresh;
 pub mod lean;
@@ -31,21 +32,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result};
-use attestation::claim::{ClaimState, ClaimWrite};
 use attestation::machine::{
     ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, ObjectError, TargetKind, TargetRef,
 };
 use futures::StreamExt;
-use kube::api::{
-    ApiResource, DynamicObject, GetParams, GroupVersionKind, ListParams, Patch, PatchParams, ValidationDirective,
-};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
 use self::feed::FeedTarget;
-use self::lean::LeanObject;
 use self::store::{Kind, Listed, Part, Served, ShardStore, Ticket};
 use self::view_page::{ReadView, ViewPage};
 use crate::controller::backoff::Backoff;
@@ -234,6 +231,9 @@ pub struct Management {
     config_resource: Option<ApiResource>,
     /// The last fresh read of each Cluster with recent denials.
     fresh: fresh::FreshReads,
+    /// Whether a join's Cluster re-read may come from the apiserver's watch cache
+    /// ([`claim_write`]); cleared for good the first time that read is refused or slow.
+    cluster_reads_from_cache: AtomicBool,
 }
 
 /// Namespace LISTs of gained Clusters at once.
@@ -273,6 +273,7 @@ impl Management {
             pool_resource,
             config_resource,
             fresh: fresh::FreshReads::default(),
+            cluster_reads_from_cache: AtomicBool::new(true),
             client: client.clone(),
         });
         for kind in Kind::ALL {
@@ -553,62 +554,6 @@ impl Management {
         Ok(Api::namespaced_with(self.client.clone(), &target.namespace, resource))
     }
 
-    /// Writes a claim: a merge patch of one annotation carrying the decision's resourceVersion,
-    /// so the API server refuses it (409) if the object changed since the decision. Returns the
-    /// claim as the API server holds it after the write, read from the PATCH's response: the
-    /// re-check before signing needs no second request when the claim was written just now.
-    pub async fn write_claim(&self, claim: &ClaimWrite) -> Result<ClaimState, ApplyError> {
-        let Some(resource_version) = &claim.resource_version else {
-            return Err(ApplyError::Transient(
-                "the decision carries no resourceVersion to write the claim under".into(),
-            ));
-        };
-        let patch = serde_json::json!({
-            "metadata": {
-                "resourceVersion": resource_version,
-                "annotations": { claim.annotation: claim.value },
-            }
-        });
-        // Nothing but one annotation is sent: the unknown-field check has nothing to find.
-        let params = PatchParams {
-            field_validation: Some(ValidationDirective::Ignore),
-            ..PatchParams::default()
-        };
-        let api = self.api_for(&claim.target)?;
-        let mut request = kube::core::Request::new(api.resource_url())
-            .patch(&claim.target.name, &params, &Patch::Merge(&patch))
-            .map_err(|e| ApplyError::Transient(format!("cannot build the claim's PATCH: {e}")))?;
-        request.extensions_mut().insert("patch");
-        let written: LeanObject = self.client.request(request).await.map_err(ApplyError::from_kube)?;
-        claim_of(&claim.target, &claim.record.provider_id, &written)
-    }
-
-    /// The claim on `target` for `provider_id`, read from the API server, not the cache: the
-    /// re-check just before a certificate is written, when this pass wrote no claim.
-    pub async fn fresh_claim(&self, target: &TargetRef, provider_id: &str) -> Result<ClaimState, ApplyError> {
-        let api = self.api_for(target)?;
-        let mut request = kube::core::Request::new(api.resource_url())
-            .get(&target.name, &GetParams::default())
-            .map_err(|e| ApplyError::Transient(format!("cannot build the claim's GET: {e}")))?;
-        request.extensions_mut().insert("get");
-        let object: LeanObject = self.client.request(request).await.map_err(ApplyError::from_kube)?;
-        claim_of(target, provider_id, &object)
-    }
-
-    /// The Cluster `namespace/name` as the API server holds it now, not as the cache does:
-    /// `None` when it is gone. Read by a join once its claim is written (`workload::apply`).
-    pub async fn fresh_cluster(&self, namespace: &str, name: &str) -> Result<Option<ClusterView>, ApplyError> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &self.cluster_resource);
-        let Some(object) = api.get_opt(name).await.map_err(ApplyError::from_kube)? else {
-            return Ok(None);
-        };
-        let unreadable = |e: String| ApplyError::Transient(format!("cannot read Cluster {namespace}/{name}: {e}"));
-        let object = serde_json::to_value(object).map_err(|e| unreadable(e.to_string()))?;
-        ClusterView::from_object(&object)
-            .map(Some)
-            .map_err(|e| unreadable(e.to_string()))
-    }
-
     /// A Secret's data (one GET for every key), `None` when the Secret is absent.
     pub async fn secret(
         &self,
@@ -669,24 +614,6 @@ fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> Option<&Arc<str>>
 }
 
 /// The claim `object` (as the API server returned it) holds on `target` for `provider_id`.
-fn claim_of(target: &TargetRef, provider_id: &str, object: &LeanObject) -> Result<ClaimState, ApplyError> {
-    if object.str_at("/metadata/uid") != Some(target.uid.as_str()) {
-        return Ok(ClaimState::Unreadable(format!(
-            "{} was replaced by another object of the same name",
-            target.name
-        )));
-    }
-    let value = &object.0;
-    Ok(match target.kind {
-        TargetKind::Machine => MachineView::from_object(value)
-            .map(|m| m.claim())
-            .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
-        TargetKind::MachinePool => MachinePoolView::from_object(value)
-            .map(|p| p.claims.instance(provider_id))
-            .unwrap_or_else(|e| ClaimState::Unreadable(e.to_string())),
-    })
-}
-
 fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
 }

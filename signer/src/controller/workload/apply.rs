@@ -88,8 +88,11 @@ impl Worker {
         let name = csr.name_any();
         let approved_already = stage(csr) == Stage::Approved;
         let mut written = None;
+        let mut claimed_version = None;
         if let Some(claim) = &decision.claim {
-            written = Some(self.shared.management.write_claim(claim).await?);
+            let claimed = self.shared.management.write_claim(claim).await?;
+            claimed_version = claimed.version;
+            written = Some(claimed.state);
             // A claimed Machine's join token may go once its node joins (duties::join_tokens).
             self.claim_written.notify_one();
             // Said at info by the one line of a signed join ("approved and signed", in this
@@ -103,14 +106,15 @@ impl Worker {
             // `clusterctl move` makes, and the move pauses the Cluster before it copies. A claim
             // whose write landed after the copy (held in a queue, or decided on a cache that had
             // not seen the pause yet) is in the source only, and the target would let another
-            // CSR claim the Machine. So the Cluster is read fresh once the claim is there: still
+            // CSR claim the Machine. So the Cluster is read again once the claim is there, no
+            // older than the claim (management::claim_write): still
             // served as decided, the claim was written before any pause and any copy of it
             // holds it; otherwise nothing more is written here and the CSR stays pending for
             // whichever signer serves the Cluster once it is unpaused (the target's).
             let now = self
                 .shared
                 .management
-                .fresh_cluster(&cluster.namespace, &cluster.name)
+                .fresh_cluster(&cluster.namespace, &cluster.name, claimed_version.as_deref())
                 .await?;
             if let Some(why) = moved_on(cluster, now.as_ref()) {
                 tracing::info!(%why, "not approved: the CSR stays pending for the signer that serves the Cluster next");
