@@ -4,7 +4,8 @@
 //!
 //! The kernel's copy is optional: without a boot policy the signer needs no log, and many
 //! nodes (no measured boot, a container without securityfs, a TPM that is not `tpm0`) have
-//! none, so its absence is a debug line. A path the operator names must be read.
+//! none, so its absence is a debug line, and one over the size limit a warning: neither stops a
+//! join. A path the operator names must be read, and within the limit.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -68,7 +69,16 @@ impl EventLogSource {
                         );
                         Ok(None)
                     }
-                    Err(too_large) => Err(too_large),
+                    // Not the node's choice, and a Cluster without a boot policy needs no
+                    // log: the join goes on without one, and only a Cluster with a policy
+                    // refuses it (saying the log is missing).
+                    Err(too_large) => {
+                        tracing::warn!(
+                            error = %too_large,
+                            "no TPM event log sent: the kernel's is over the limit (a Cluster with a boot policy will refuse this node)"
+                        );
+                        Ok(None)
+                    }
                 }
             }
         }
