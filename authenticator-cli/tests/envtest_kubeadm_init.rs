@@ -622,17 +622,20 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         csrs.of(LEGACY_SIGNER)
     );
 
-    let machine_events = w
-        .env
-        .kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);
-    let events: Value = serde_json::from_slice(&machine_events.stdout).unwrap();
+    // The record of the adoption is its CSR's approval (SPEC section 3, revision 5), naming the
+    // Machine and the replica; no Event is written per certificate.
+    let listed = w.env.kubectl(&["get", "csr", "-o", "json"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let record = format!("Machine {}/{MACHINE}, approved by replica ", capi::NAMESPACE);
     assert!(
-        events["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["regarding"]["name"] == MACHINE && e["reason"] == "CertificateIssued"),
-        "the adoption is an Event on the Machine"
+        listed["items"].as_array().unwrap().iter().any(|csr| {
+            csr["status"]["conditions"].as_array().is_some_and(|conditions| {
+                conditions.iter().any(|c| {
+                    c["type"] == "Approved" && c["message"].as_str().is_some_and(|m| m.contains(&record))
+                })
+            })
+        }),
+        "the adoption's approval names the Machine and the replica: {listed:#}"
     );
     eprintln!(
         "kubeadm init phases run: {}",

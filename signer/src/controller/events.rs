@@ -7,11 +7,14 @@
 //! client-go's event correlator does, so that a flood of refused CSRs, or one node retrying,
 //! costs the management apiserver a few writes, not one per decision:
 //!
-//! - **per object and reason** (client-go's spam filter and aggregator, keyed on the involved
-//!   object and reason): the first Event of a Machine (or MachinePool, or Cluster) and reason
-//!   is written as it is; repeats within [`Budget::series_period`] are counted, and written as
-//!   one Event on the same object once the period has passed ("`CSRDenied` x 14 more within
-//!   5m; last: …");
+//! - **per object and reason** (client-go's correlator: its logger counts an Event identical to
+//!   the last instead of writing it again, its spam filter gives each object a bucket of
+//!   Events refilled every 5 minutes): an Event whose note is the one last written for its
+//!   Machine (or MachinePool, or Cluster) and reason is counted, not written; one with a new
+//!   note is written while the object and reason have [`Budget::series_burst`] writes left,
+//!   refilled one per [`Budget::series_period`], and counted beyond; what was counted is written
+//!   as one Event on the same object once a period has passed since the last write
+//!   ("`CSRDenied` x 14 more within 5m; last: …");
 //! - **per Cluster**, to bound the writes of many objects at once: up to [`Budget::burst`]
 //!   Events at once, then [`Budget::per_second`], are written; beyond that, Events are folded
 //!   per Cluster, type and reason, and every [`Budget::fold_period`] each fold is written as
@@ -67,10 +70,13 @@ pub struct Budget {
     pub fold_period: Duration,
     /// Events waiting to be written; beyond it they are dropped.
     pub queue: usize,
-    /// One object and reason is written at most once per period; repeats within it are
-    /// written as one Event when it ends (client-go's spam filter refills one Event per object
-    /// every 5 minutes).
+    /// An object and reason's bucket refills one write per period, and what was counted is
+    /// written once a period has passed since its last write (client-go's spam filter refills
+    /// one Event per object every 5 minutes).
     pub series_period: Duration,
+    /// Writes with new notes an object and reason may make at once (client-go's aggregator
+    /// lets 10 similar Events through before it combines them).
+    pub series_burst: f64,
     /// Objects and reasons tracked at once; beyond it, a new one is folded per Cluster.
     pub series_kept: usize,
 }
@@ -83,6 +89,7 @@ impl Default for Budget {
             fold_period: Duration::from_secs(10),
             queue: 1024,
             series_period: Duration::from_secs(300),
+            series_burst: 10.0,
             series_kept: 10_000,
         }
     }
@@ -101,12 +108,32 @@ struct Fold {
     last_note: String,
 }
 
-/// What is known of one object and reason: when it was last written, and the repeats since.
+/// What is known of one object and reason: when it was last written and with which note, the
+/// Events counted since, and its bucket of writes.
 #[derive(Debug)]
 struct Series {
     written: Instant,
+    written_note: String,
     repeats: u64,
     last: Report,
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl Series {
+    /// Whether a write is left in the bucket at `now` (taking it when there is).
+    fn take(&mut self, budget: &Budget, now: Instant) -> bool {
+        let refill =
+            now.saturating_duration_since(self.refilled).as_secs_f64() / budget.series_period.as_secs_f64().max(1e-9);
+        self.tokens = (self.tokens + refill).min(budget.series_burst);
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// The pure part: which Events are written as they are, which are counted into a series or
@@ -159,27 +186,41 @@ impl Folder {
             type_name(report.type_),
             report.reason.clone(),
         );
-        if let Some(series) = self.series.get_mut(&key)
-            && now.saturating_duration_since(series.written) < self.budget.series_period
-        {
-            series.repeats += 1;
-            series.last = report;
-            return None;
+        let budget = self.budget;
+        if let Some(series) = self.series.get_mut(&key) {
+            // The same note as last written, or a new one beyond the object's bucket: counted.
+            if series.written_note == report.note || !series.take(&budget, now) {
+                series.repeats += 1;
+                series.last = report;
+                return None;
+            }
         }
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.budget.per_second).min(self.budget.burst);
+        self.tokens = (self.tokens + elapsed * budget.per_second).min(budget.burst);
         self.refilled = now;
-        let tracked = self.series.contains_key(&key) || self.series.len() < self.budget.series_kept;
+        let tracked = self.series.contains_key(&key) || self.series.len() < budget.series_kept;
         if self.tokens >= 1.0 && tracked {
             self.tokens -= 1.0;
-            self.series.insert(
-                key,
-                Series {
-                    written: now,
-                    repeats: 0,
-                    last: report.clone(),
-                },
-            );
+            match self.series.get_mut(&key) {
+                Some(series) => {
+                    series.written = now;
+                    series.written_note = report.note.clone();
+                    series.last = report.clone();
+                }
+                None => {
+                    self.series.insert(
+                        key,
+                        Series {
+                            written: now,
+                            written_note: report.note.clone(),
+                            repeats: 0,
+                            last: report.clone(),
+                            tokens: budget.series_burst - 1.0,
+                            refilled: now,
+                        },
+                    );
+                }
+            }
             return Some(report);
         }
         self.fold(report);
@@ -257,6 +298,7 @@ impl Folder {
                 ..series.last.clone()
             });
             series.written = now;
+            series.written_note = series.last.note.clone();
             series.repeats = 0;
             true
         });
@@ -495,48 +537,54 @@ mod tests {
     }
 
     #[test]
-    fn one_machine_and_reason_is_written_once_per_period_with_its_repeats_counted() {
+    fn one_machine_and_reason_writes_new_notes_within_its_bucket_and_counts_the_rest() {
         let start = Instant::now();
         let budget = Budget::default();
         let mut folder = Folder::new(budget, start);
+        let at = |second: u64| start + Duration::from_secs(second);
         assert!(folder.offer(denied(1, "a"), start).is_some(), "the first is written");
         for second in 1..=40 {
-            let at = start + Duration::from_secs(second);
-            let mut again = denied(1, "a");
-            again.note = format!("retry {second}");
             assert!(
-                folder.offer(again, at).is_none(),
-                "a repeat within the period is counted"
+                folder.offer(denied(1, "a"), at(second)).is_none(),
+                "the note last written, again: counted"
             );
         }
+        let noted = |n: u64| {
+            let mut report = denied(1, "a");
+            report.note = format!("retry {n}");
+            report
+        };
+        let written = (41..=60).filter(|n| folder.offer(noted(*n), at(*n)).is_some()).count();
+        assert_eq!(written, 9, "new notes: the object's bucket of 10, the first included");
         let mut other_reason = denied(1, "a");
         other_reason.reason = "CSRFailed".into();
         assert!(
-            folder.offer(other_reason, start).is_some(),
+            folder.offer(other_reason, at(60)).is_some(),
             "another reason is its own series"
         );
         assert!(
-            folder.flush(start + Duration::from_secs(60)).is_empty(),
-            "nothing due within the period"
+            folder.flush(at(100)).is_empty(),
+            "nothing due within a period of the last write"
         );
-        let due = folder.flush(start + budget.series_period);
+        let due = folder.flush(at(49) + budget.series_period);
         assert_eq!(due.len(), 1, "{due:?}");
         assert_eq!(due[0].regarding.name.as_deref(), Some("m-1"), "on the Machine itself");
         assert_eq!(due[0].reason, "CSRDenied");
         assert!(
-            due[0].note.starts_with("CSRDenied x 40 more within 5m"),
-            "{}",
+            due[0].note.starts_with("CSRDenied x 51 more within 5m"),
+            "40 repeats and 11 new notes beyond the bucket: {}",
             due[0].note
         );
-        assert!(due[0].note.ends_with("last: retry 40"), "{}", due[0].note);
-        // The period starts again at that write: a repeat right after it is counted.
-        let after = start + budget.series_period + Duration::from_secs(1);
-        assert!(folder.offer(denied(1, "a"), after).is_none());
-        // A series that saw no repeat in its period is forgotten, and its next Event written.
-        let quiet = start + budget.series_period * 3;
+        assert!(due[0].note.ends_with("last: retry 60"), "{}", due[0].note);
+        // That write's note is the last written: the same again is counted.
+        let after = at(50) + budget.series_period;
+        assert!(folder.offer(noted(60), after).is_none());
+        // A new note once the bucket has refilled is written.
+        assert!(folder.offer(noted(61), after + budget.series_period).is_some());
+        // A series that saw no repeat in its period is forgotten.
+        let quiet = after + budget.series_period * 3;
         assert_eq!(folder.flush(quiet).len(), 1, "the one repeat");
         assert!(folder.flush(quiet + budget.series_period).is_empty());
-        assert!(folder.offer(denied(1, "a"), quiet + budget.series_period * 2).is_some());
     }
 
     #[test]
