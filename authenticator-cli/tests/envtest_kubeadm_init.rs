@@ -630,9 +630,9 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     assert!(
         listed["items"].as_array().unwrap().iter().any(|csr| {
             csr["status"]["conditions"].as_array().is_some_and(|conditions| {
-                conditions.iter().any(|c| {
-                    c["type"] == "Approved" && c["message"].as_str().is_some_and(|m| m.contains(&record))
-                })
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Approved" && c["message"].as_str().is_some_and(|m| m.contains(&record)))
             })
         }),
         "the adoption's approval names the Machine and the replica: {listed:#}"

@@ -1074,7 +1074,7 @@ async fn clusterctl_move_keeps_one_identity_per_machine_and_the_target_signer_ta
     assert_eq!(subject_node(&renewed), "m-3");
 
     // Every CSR ended, each decided once, by one signer: the source before the pause, the
-    // target after its unpause. A decision's log line (and a certificate's record Event) trail
+    // target after its unpause. A decision's log line trails
     // its write to the CSR by a request or two: waited for.
     let all: Vec<CertificateSigningRequest> = Api::<CertificateSigningRequest>::all(w.admin.clone())
         .list(&Default::default())
