@@ -2,6 +2,7 @@
 //! and the Linux EFI stub write, built as a crypto-agile SHA-256 log (parsed by
 //! [`crate::tpm::event_log::parse`] like any node's).
 
+use crate::tpm::event_log::events::encode::{guid_bytes, variable_data};
 use crate::tpm::event_log::events::{EFI_GLOBAL_VARIABLE, EFI_IMAGE_SECURITY_DATABASE, SHIM_LOCK};
 use crate::tpm::event_log::{EventLog, HashAlg, event_type, parse};
 
@@ -9,28 +10,6 @@ use crate::tpm::event_log::{EventLog, HashAlg, event_type, parse};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LogBuilder {
     events: Vec<(u32, u32, Vec<u8>, Vec<u8>)>,
-}
-
-fn guid_bytes(text: &str) -> Vec<u8> {
-    let hex: String = text.chars().filter(|c| *c != '-').collect();
-    let b: Vec<u8> = (0..16)
-        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap_or(0))
-        .collect();
-    let mut out = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
-    out.extend(&b[8..]);
-    out
-}
-
-fn variable_data(guid: &str, name: &str, value: &[u8]) -> Vec<u8> {
-    let name: Vec<u16> = name.encode_utf16().collect();
-    let mut out = guid_bytes(guid);
-    out.extend((name.len() as u64).to_le_bytes());
-    out.extend((value.len() as u64).to_le_bytes());
-    for unit in name {
-        out.extend(unit.to_le_bytes());
-    }
-    out.extend(value);
-    out
 }
 
 /// A fake DER certificate (a SEQUENCE holding `seed`): what authority events carry.

@@ -429,8 +429,37 @@ fn bad(event: &Event, reason: String) -> EventLogError {
     }
 }
 
+/// Encoders of what firmware writes, for the tests of this module and of the boot policy's.
+#[cfg(test)]
+pub(crate) mod encode {
+    /// A GUID's 16 bytes as UEFI lays them out (the first three fields little-endian).
+    pub(crate) fn guid_bytes(text: &str) -> Vec<u8> {
+        let hex: String = text.chars().filter(|c| *c != '-').collect();
+        let b: Vec<u8> = (0..16)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let mut out = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
+        out.extend(&b[8..]);
+        out
+    }
+
+    /// A `UEFI_VARIABLE_DATA` structure: GUID, name and data lengths, UTF-16LE name, data.
+    pub(crate) fn variable_data(guid: &str, name: &str, value: &[u8]) -> Vec<u8> {
+        let name: Vec<u16> = name.encode_utf16().collect();
+        let mut out = guid_bytes(guid);
+        out.extend((name.len() as u64).to_le_bytes());
+        out.extend((value.len() as u64).to_le_bytes());
+        for unit in name {
+            out.extend(unit.to_le_bytes());
+        }
+        out.extend(value);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::encode::{guid_bytes, variable_data};
     use super::*;
 
     fn event(event_type: u32, pcr: u32, digest: Vec<u8>, data: Vec<u8>) -> Event {
@@ -441,28 +470,6 @@ mod tests {
             digests: vec![(HashAlg::Sha256, digest)],
             data,
         }
-    }
-
-    fn guid_bytes(text: &str) -> Vec<u8> {
-        let hex: String = text.chars().filter(|c| *c != '-').collect();
-        let b: Vec<u8> = (0..16)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
-        let mut out = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
-        out.extend(&b[8..]);
-        out
-    }
-
-    fn variable_data(guid: &str, name: &str, value: &[u8]) -> Vec<u8> {
-        let name: Vec<u16> = name.encode_utf16().collect();
-        let mut out = guid_bytes(guid);
-        out.extend((name.len() as u64).to_le_bytes());
-        out.extend((value.len() as u64).to_le_bytes());
-        for unit in name {
-            out.extend(unit.to_le_bytes());
-        }
-        out.extend(value);
-        out
     }
 
     fn variable_event(event_type: u32, name: &str, value: &[u8]) -> Event {
