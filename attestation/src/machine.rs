@@ -275,9 +275,6 @@ pub struct ClusterView {
     /// How the Cluster is paused, `None` when it is not: the signer then decides and writes
     /// nothing for it (SPEC section 7, "Paused Clusters").
     pub paused: Option<Paused>,
-    /// metadata.creationTimestamp: when this copy of the Cluster was created in this
-    /// management cluster (`clusterctl move` and a restore create it anew), when known.
-    pub created: Option<time::OffsetDateTime>,
     /// The `tpm/v1` boot policy (SPEC section 5, revision 5): as the annotation names it
     /// (unresolved), until the signer reads the ConfigMap (or its default) for a decision.
     pub boot_policy: crate::tpm::boot_policy::PolicyState,
@@ -347,7 +344,6 @@ impl ClusterView {
             kubelet_annotations: std::collections::BTreeMap::new(),
             boot_policy: crate::tpm::boot_policy::PolicyState::None,
             paused: None,
-            created: None,
         }
     }
 
@@ -406,10 +402,6 @@ impl ClusterView {
             allowed_attestors,
             kubelet_annotations,
             paused: Paused::of(object),
-            created: object
-                .pointer("/metadata/creationTimestamp")
-                .and_then(Value::as_str)
-                .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -1096,22 +1088,5 @@ mod tests {
         assert!(paused.is_paused() && paused.kubelet_annotations.is_empty());
         assert!(paused.paused.unwrap().to_string().contains("cluster.x-k8s.io/paused"));
         assert!(!ClusterView::named("c", "ns", &["tpm"]).is_paused());
-    }
-
-    #[test]
-    fn a_clusters_creation_is_read_when_it_is_there() {
-        let at = |created: Value| {
-            ClusterView::from_object(&json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-                "metadata": {"name": "c", "creationTimestamp": created}}))
-            .unwrap()
-            .created
-        };
-        assert_eq!(
-            at(json!("2026-11-28T15:49:20Z")),
-            Some(time::macros::datetime!(2026-11-28 15:49:20 UTC))
-        );
-        assert_eq!(at(Value::Null), None);
-        assert_eq!(at(json!("yesterday")), None);
-        assert_eq!(ClusterView::named("c", "ns", &["tpm"]).created, None);
     }
 }
