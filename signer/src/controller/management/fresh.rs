@@ -10,6 +10,9 @@
 //! A flood of such denials (junk CSRs, a hijack attempt) costs one read per Cluster at a time,
 //! not one per CSR: a read that started after a CSR was first seen serves every CSR first seen
 //! before it, and reads of one Cluster never overlap. Reads older than [`KEPT`] are dropped.
+//! Such a shared read may be older than what the cache showed a later decision (a claim written
+//! since): one that does not confirm a denial is taken again, newer than the decision, before
+//! the cache is called behind (`workload::csr`).
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -159,37 +159,10 @@ impl Worker {
             decision = again;
         }
         if let Some(reason) = denied_on_management_state(&decision) {
-            // Final, and resting on what the cache holds of the Cluster's Machines: decided
-            // again on a fresh read of them first (management::fresh). A cache that is behind,
-            // or a management apiserver out of reach, makes it wait, never a wrong denial.
-            let fresh = match self.shared.management.fresh_inventory(&cluster, first_seen).await {
-                Ok(fresh) => fresh,
-                Err(e) => {
-                    let why = format!("cannot confirm the {reason} denial against the management cluster: {e}");
-                    tracing::warn!("{why}; the CSR waits");
-                    self.count(&csr, "Retry", "Pending");
-                    self.retry(&csr, &why);
-                    return if e.is_overload() {
-                        Answer::Overloaded
-                    } else {
-                        Answer::Idle
-                    };
-                }
-            };
-            let Some(again) = self.decide(&object, &cluster, &fresh, clock).await else {
-                return Answer::Idle;
-            };
-            if !matches!(again.outcome, Outcome::Denied { .. }) {
-                // With backoff: a cache that never catches up costs a read per backoff step.
-                tracing::info!(
-                    cached = %reason,
-                    "the management cache was behind the apiserver; deciding again when it catches up"
-                );
-                self.count(&csr, "Retry", "Pending");
-                self.retry(&csr, "the management cache was behind the apiserver");
-                return Answer::Answered;
+            match self.confirm_denial(&csr, &object, &cluster, clock, reason).await {
+                Confirmed::Denied(again) => decision = *again,
+                Confirmed::Waits(answer) => return answer,
             }
-            decision = again;
         }
         if let Some(target) = &decision.target {
             tracing::Span::current().record("machine", tracing::field::display(&target.name));
@@ -254,6 +227,70 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// What a fresh read made of a denial the management cache gave.
+enum Confirmed {
+    /// Still denied on the fresh read: the decision to write.
+    Denied(Box<attestation::Decision>),
+    /// Not denied, or not confirmed: the CSR waits, and the apiservers answered so.
+    Waits(Answer),
+}
+
+impl Worker {
+    /// A denial by a rule that reads the Cluster's Machines (final, and resting on the cache)
+    /// decided again on a fresh read of them first (management::fresh). A cache that is behind,
+    /// or a management apiserver out of reach, makes the CSR wait, never a wrong denial.
+    ///
+    /// The fresh read may be one another CSR of the Cluster started after this CSR was first
+    /// seen, and so older than what the cache showed this decision (a racing CSR's claim
+    /// written since): one that disagrees is taken again, newer than the decision, before the
+    /// cache is called behind. Otherwise the loser of a race would wait on that older read
+    /// (reused as long as it started after the CSR was first seen) and never be denied.
+    async fn confirm_denial(
+        &self,
+        csr: &CertificateSigningRequest,
+        object: &CsrObject,
+        cluster: &ClusterView,
+        clock: Clock,
+        reason: DenyReason,
+    ) -> Confirmed {
+        // The cache showed the decision nothing newer than this instant.
+        let decided_at = OffsetDateTime::now_utc();
+        let mut again = None;
+        for not_before in [clock.first_seen, decided_at] {
+            let fresh = match self.shared.management.fresh_inventory(cluster, not_before).await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    let why = format!("cannot confirm the {reason} denial against the management cluster: {e}");
+                    tracing::warn!("{why}; the CSR waits");
+                    self.count(csr, "Retry", "Pending");
+                    self.retry(csr, &why);
+                    return Confirmed::Waits(if e.is_overload() {
+                        Answer::Overloaded
+                    } else {
+                        Answer::Idle
+                    });
+                }
+            };
+            let Some(decision) = self.decide(object, cluster, &fresh, clock).await else {
+                return Confirmed::Waits(Answer::Idle);
+            };
+            if matches!(decision.outcome, Outcome::Denied { .. }) {
+                return Confirmed::Denied(Box::new(decision));
+            }
+            again = Some(decision);
+        }
+        // With backoff: a cache that never catches up costs a read per backoff step.
+        tracing::info!(
+            cached = %reason,
+            fresh = ?again.map(|d| d.outcome),
+            "the management cache was behind the apiserver; deciding again when it catches up"
+        );
+        self.count(csr, "Retry", "Pending");
+        self.retry(csr, "the management cache was behind the apiserver");
+        Confirmed::Waits(Answer::Answered)
     }
 }
 
