@@ -262,6 +262,12 @@ impl Workload {
     /// `<name>-node-attestation-kubeconfig` for user `node-attestation-signer` (RBAC applied
     /// by the fixture, as the operator would), and no `<name>-kubeconfig` at all.
     pub async fn add_sibling(&self, management: &Client, name: &str) {
+        self.add_sibling_in(management, &self.namespace, name).await;
+    }
+
+    /// [`Workload::add_sibling`] in `namespace` of `management` (which must exist) instead of
+    /// this Cluster's: a fleet spread over namespaces, as teams keep theirs.
+    pub async fn add_sibling_in(&self, management: &Client, namespace: &str, name: &str) {
         let kubeconfig = self
             .operator_kubeconfig
             .get_or_init(|| async {
@@ -276,18 +282,18 @@ impl Workload {
         let ca = crate::ca::openssl_ca(crate::ca::CaKeyFormat::RsaPkcs1, 30);
         let mut cluster = crate::capi::cluster("insecure");
         cluster["metadata"]["name"] = json!(name);
-        cluster["metadata"]["namespace"] = json!(self.namespace);
+        cluster["metadata"]["namespace"] = json!(namespace);
         apply(management, &cluster).await;
         apply(
             management,
             &json!({"apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": format!("{name}-node-attestation-kubeconfig"), "namespace": self.namespace},
+                    "metadata": {"name": format!("{name}-node-attestation-kubeconfig"), "namespace": namespace},
                     "stringData": {"value": kubeconfig}}),
         )
         .await;
         apply(
             management,
-            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-ca"), "namespace": self.namespace},
+            &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{name}-ca"), "namespace": namespace},
                     "stringData": {"tls.crt": String::from_utf8_lossy(&ca.cert_pem), "tls.key": String::from_utf8_lossy(&ca.key_pem)}}),
         )
         .await;
@@ -313,9 +319,20 @@ impl Workload {
 /// `env` (an apiserver that carries no load), each with a CA of its own: a wide fleet for the
 /// price of one apiserver. Returns the first, whose [`Workload::add_sibling`] made the others.
 pub async fn quiet_clusters(env: Envtest, management: &Client, namespace: &str, count: usize) -> Workload {
-    let w = Workload::register(env, management, namespace, &format!("{namespace}-0"), "insecure").await;
-    for i in 1..count {
-        w.add_sibling(management, &format!("{namespace}-{i}")).await;
+    let clusters: Vec<(String, String)> = (0..count.max(1))
+        .map(|i| (namespace.to_owned(), format!("{namespace}-{i}")))
+        .collect();
+    quiet_clusters_in(env, management, &clusters).await
+}
+
+/// [`quiet_clusters`] named one by one: `clusters` (`namespace`, `name`), at least one, the
+/// first registered (its namespace created), the others its siblings in their own namespaces
+/// ([`Workload::add_sibling_in`]; those namespaces must exist).
+pub async fn quiet_clusters_in(env: Envtest, management: &Client, clusters: &[(String, String)]) -> Workload {
+    let ((namespace, name), siblings) = clusters.split_first().expect("at least one quiet Cluster");
+    let w = Workload::register(env, management, namespace, name, "insecure").await;
+    for (namespace, name) in siblings {
+        w.add_sibling_in(management, namespace, name).await;
     }
     w
 }

@@ -3,9 +3,12 @@
 //!
 //! One management apiserver from `KUBEBUILDER_ASSETS` holds `--clusters` opted-in Clusters
 //! with `--machines-per-cluster` Machines each, every Machine with its KubeadmConfig, shaped as
-//! Cluster API writes them ([`tests::fleet`]). Every Cluster's workload cluster is that same
-//! apiserver ([`live::quiet_clusters`]: the first through `<cluster>-kubeconfig`, the others
-//! through `<cluster>-node-attestation-kubeconfig` with a CA of their own), so a replica holds
+//! Cluster API writes them ([`tests::fleet`]). The Clusters are in namespace `fleet`, or with
+//! `--namespaces N` (N > 1) dealt round-robin over `fleet-0` … `fleet-{N-1}` (Cluster `fleet-i`
+//! in `fleet-{i mod N}`), as a platform keeps a namespace per team or per cluster; a Cluster's
+//! Machines, KubeadmConfigs and Secrets are in its namespace. Every Cluster's workload cluster
+//! is that same apiserver ([`live::quiet_clusters_in`]: the first through
+//! `<cluster>-kubeconfig`, the others through `<cluster>-node-attestation-kubeconfig` with a CA of their own), so a replica holds
 //! one client, one HTTP/2 connection and two watches (CSRs, Nodes) per served Cluster, all to
 //! one apiserver. That apiserver gets `--max-requests-inflight` and
 //! `--max-mutating-requests-inflight` raised (its API Priority and Fairness seats are their
@@ -37,6 +40,8 @@
 //! ```sh
 //! cargo build --release -p signer -p tests --bin signer-fleet --bin node-attestation-signer
 //! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-fleet --clusters 1000 --machines-per-cluster 100
+//! # the same platform spread out: 10 Clusters in each of 100 namespaces
+//! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets target/release/signer-fleet --clusters 1000 --machines-per-cluster 50 --namespaces 100
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -51,14 +56,20 @@ use tests::kube_metrics::{by_resource, delta, watches};
 use tests::live::{self, Signer};
 use tests::stats::{CpuTimes, proc_status_kib};
 
+/// The namespace of a fleet in one namespace, and the prefix of the Clusters' names and of the
+/// namespaces of a spread-out one.
 const NAMESPACE: &str = "fleet";
 
 #[derive(Parser)]
 #[command(about = "Fleet harness for node-attestation-signer: a cold start of shard replicas and a SIGKILL")]
 struct Args {
-    /// Clusters, all in one namespace.
+    /// Clusters, named `fleet-0`, `fleet-1`, ….
     #[arg(long, default_value_t = 1000)]
     clusters: usize,
+    /// Namespaces the Clusters are dealt over round-robin: `fleet` when 1, else `fleet-0` …
+    /// `fleet-{N-1}`.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    namespaces: u32,
     /// Machines of each Cluster (each with its own KubeadmConfig).
     #[arg(long, default_value_t = 100)]
     machines_per_cluster: usize,
@@ -89,6 +100,26 @@ struct Args {
     /// The signer binary (default: next to this one).
     #[arg(long)]
     signer_bin: Option<PathBuf>,
+}
+
+/// The namespaces of a fleet spread over `count` of them.
+fn namespaces(count: u32) -> Vec<String> {
+    match count {
+        0 | 1 => vec![NAMESPACE.to_owned()],
+        n => (0..n).map(|k| format!("{NAMESPACE}-{k}")).collect(),
+    }
+}
+
+/// The Clusters (`namespace`, `name`): `fleet-i`, dealt round-robin over `namespaces`.
+fn clusters(count: usize, namespaces: &[String]) -> Vec<(String, String)> {
+    (0..count)
+        .map(|i| (namespaces[i % namespaces.len()].clone(), format!("{NAMESPACE}-{i}")))
+        .collect()
+}
+
+/// "1 namespace", "4 namespaces".
+fn in_namespaces(count: usize) -> String {
+    format!("{count} namespace{}", if count == 1 { "" } else { "s" })
 }
 
 /// One replica's gauges now.
@@ -315,18 +346,20 @@ async fn main() {
     // The Machines and KubeadmConfigs are written while the Clusters are (a Machine does not
     // need its Cluster to exist; each Cluster's CA is an `openssl` run).
     let machines = args.clusters * args.machines_per_cluster;
-    let clusters: Vec<(String, String)> = (0..args.clusters)
-        .map(|i| (NAMESPACE.to_owned(), format!("{NAMESPACE}-{i}")))
-        .collect();
-    live::apply(
-        &management,
-        &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
-    )
-    .await;
+    let namespaces = namespaces(args.namespaces);
+    let clusters = clusters(args.clusters, &namespaces);
+    for namespace in &namespaces {
+        live::apply(
+            &management,
+            &serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+        )
+        .await;
+    }
     let started = Instant::now();
     // A thread and runtime of their own: the Clusters' `openssl` runs block theirs.
     let fleet = std::thread::spawn({
         let (kubeconfig, parallel) = (env.admin_kubeconfig.clone(), args.parallel);
+        let clusters = clusters.clone();
         move || {
             let runtime = tokio::runtime::Runtime::new().expect("a runtime");
             runtime.block_on(async {
@@ -336,11 +369,12 @@ async fn main() {
             })
         }
     });
-    let first = live::quiet_clusters(env, &management, NAMESPACE, args.clusters).await;
+    let first = live::quiet_clusters_in(env, &management, &clusters).await;
     let env = &first.env;
     println!(
-        "{} Clusters (each with its Secrets and CA) created in {:.0} s",
-        args.clusters,
+        "{} Clusters (each with its Secrets and CA) in {} created in {:.0} s",
+        clusters.len(),
+        in_namespaces(namespaces.len()),
         started.elapsed().as_secs_f64()
     );
     let (sample, took) = fleet.join().expect("the fleet's writes");
@@ -369,8 +403,10 @@ async fn main() {
         })
         .collect();
     println!(
-        "start-up of {} replicas, {} Clusters, {machines} Machines:",
-        args.replicas, args.clusters
+        "start-up of {} replicas, {} Clusters in {}, {machines} Machines:",
+        args.replicas,
+        args.clusters,
+        in_namespaces(namespaces.len())
     );
     window.close("start-up window", env, &signers, &args).await;
 
@@ -399,5 +435,26 @@ async fn main() {
     print_servers(env);
     for mut s in signers.into_iter().flatten() {
         s.terminate();
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn one_namespace_keeps_the_fleet_as_it_was() {
+        assert_eq!(namespaces(1), ["fleet"]);
+        let clusters = clusters(3, &namespaces(1));
+        assert_eq!(clusters[2], ("fleet".to_owned(), "fleet-2".to_owned()));
+    }
+
+    #[test]
+    fn clusters_are_dealt_round_robin() {
+        let spread = namespaces(4);
+        assert_eq!(spread, ["fleet-0", "fleet-1", "fleet-2", "fleet-3"]);
+        let clusters = clusters(10, &spread);
+        assert_eq!(clusters[5], ("fleet-1".to_owned(), "fleet-5".to_owned()));
+        assert_eq!(clusters.iter().filter(|(ns, _)| ns == "fleet-3").count(), 2);
     }
 }
