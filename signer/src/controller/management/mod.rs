@@ -6,13 +6,14 @@
 //! One watch per kind ([`feed`], from the current resourceVersion, never listing
 //! the fleet) carries the whole fleet's changes; what belongs to Clusters served elsewhere is
 //! dropped as it arrives, so a replica's memory follows its shard. A Cluster gained is listed
-//! from its namespace (a paged, consistent LIST per kind, one per namespace for
-//! all the Clusters gained there in one pass) before the worker decides anything for it.
+//! from its namespace (a paged, consistent LIST per kind, one at a time per namespace for all
+//! the Clusters gained there: [`fill`]) before the worker decides anything for it.
 //!
-//! - [`feed`]: the watches; [`store`]: the served Clusters' views (pure); [`view_page`] and
-//!   [`lean`]: reading LIST pages and objects without their managed fields; [`fresh`]: reads
-//!   that confirm the cache before a final denial; [`templates`]: the templates naming join
-//!   tokens, read to confirm a token's retirement.
+//! - [`feed`]: the watches; [`fill`]: listing gained Clusters; [`store`]: the served Clusters'
+//!   views (pure); [`view_page`] and [`lean`]: reading LIST pages and objects without their
+//!   managed fields; [`fresh`]: reads that confirm the cache before a final denial;
+//!   [`claim_write`]: the claim and a join's re-read of its Cluster; [`templates`]: the
+//!   templates naming join tokens, read to confirm a token's retirement.
 //!
 //! This room owns every request to the management cluster but the Leases (the fleet's
 //! membership) and Events. It answers what the cache holds and writes claims; it never decides a
@@ -21,13 +22,14 @@
 
 pub mod claim_write;
 pub mod feed;
+pub mod fill;
 pub mod fresh;
 pub mod lean;
 pub mod store;
 pub mod templates;
 pub mod view_page;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -36,15 +38,15 @@ use attestation::machine::{
     ClusterView, Inventory, KubeadmConfigView, MachinePoolView, MachineView, ObjectError, TargetKind, TargetRef,
 };
 use futures::StreamExt;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 
 use self::feed::FeedTarget;
-use self::store::{Kind, Listed, Part, Served, ShardStore, Ticket};
-use self::view_page::{ReadView, ViewPage};
+use self::store::{Kind, Listed, ShardStore};
+use self::view_page::for_each_page;
 use crate::controller::backoff::Backoff;
 use crate::locks::{read, write};
 
@@ -222,6 +224,8 @@ pub struct Management {
     watched: [AtomicBool; 3],
     /// Bounds the namespace LISTs of Clusters gained at once.
     fills: Arc<Semaphore>,
+    /// The namespaces being listed, and what waits for each one's next list ([`fill`]).
+    namespace_fills: fill::NamespaceFills,
     /// A gained Cluster's objects were listed (or a regain emptied them): its state moved
     /// between `Listing` and the worker's own, which the fleet reports at once.
     pub listed_changed: Notify,
@@ -235,11 +239,6 @@ pub struct Management {
     /// ([`claim_write`]); cleared for good the first time that read is refused or slow.
     cluster_reads_from_cache: AtomicBool,
 }
-
-/// Namespace LISTs of gained Clusters at once.
-const FILLS_AT_ONCE: usize = 16;
-/// Objects per page of a namespace LIST: a large namespace is never held as one answer.
-const FILL_PAGE: u32 = 250;
 
 impl Management {
     /// Starts the watches, in `namespace` or in all namespaces.
@@ -267,7 +266,8 @@ impl Management {
             cluster_resource,
             shard: RwLock::new(ShardStore::default()),
             watched: [AtomicBool::new(false), AtomicBool::new(false), AtomicBool::new(false)],
-            fills: Arc::new(Semaphore::new(FILLS_AT_ONCE)),
+            fills: Arc::new(Semaphore::new(fill::FILLS_AT_ONCE)),
+            namespace_fills: fill::NamespaceFills::default(),
             listed_changed: Notify::new(),
             machine_resource,
             pool_resource,
@@ -330,136 +330,6 @@ impl Management {
         self.spawn_fills(served);
     }
 
-    /// Lists what `served` gained, one task per namespace.
-    fn spawn_fills(self: &Arc<Self>, served: Served) {
-        let mut by_namespace: BTreeMap<String, (Vec<Ticket>, Option<Ticket>)> = BTreeMap::new();
-        for ticket in served.gained {
-            let namespace = ticket.namespace.clone();
-            by_namespace.entry(namespace).or_default().0.push(ticket);
-        }
-        for ticket in served.namespaces {
-            let namespace = ticket.namespace.clone();
-            by_namespace.entry(namespace).or_default().1 = Some(ticket);
-        }
-        for (namespace, (clusters, configs)) in by_namespace {
-            let management = Arc::clone(self);
-            tokio::spawn(async move { management.fill(namespace, clusters, configs).await });
-        }
-    }
-
-    /// Lists `namespace` for the gained `clusters` (and its KubeadmConfigs when `configs`),
-    /// retrying until it is merged or they are no longer served.
-    async fn fill(self: Arc<Self>, namespace: String, clusters: Vec<Ticket>, configs: Option<Ticket>) {
-        let mut backoff = Backoff::default();
-        let names: Vec<&str> = clusters.iter().map(|t| t.name.as_str()).collect();
-        loop {
-            let attempt = {
-                let Ok(_turn) = self.fills.acquire().await else {
-                    return;
-                };
-                let started = std::time::Instant::now();
-                self.fill_namespace(&namespace, &clusters, configs.as_ref())
-                    .await
-                    .map(|objects| (objects, started.elapsed()))
-            };
-            match attempt {
-                Ok((objects, took)) => {
-                    self.listed_changed.notify_one();
-                    tracing::info!(
-                        namespace = %namespace,
-                        clusters = ?names,
-                        objects,
-                        ms = took.as_millis() as u64,
-                        "listed the Cluster API objects of gained Clusters"
-                    );
-                    return;
-                }
-                Err(e) => {
-                    let still_served = {
-                        let shard = read(&self.shard);
-                        clusters.iter().any(|t| shard.is_served(&namespace, &t.name))
-                    };
-                    if !still_served {
-                        return;
-                    }
-                    tracing::warn!(namespace = %namespace, error = %e, "cannot list the Cluster API objects of gained Clusters; retrying");
-                }
-            }
-            backoff.wait().await;
-        }
-    }
-
-    /// Lists the Machines and MachinePools of `clusters` in `namespace` (and its KubeadmConfigs
-    /// when `configs`), merging each page as it comes: consistent reads, so never older than
-    /// what the watches delivered before. A Cluster released meanwhile drops its pages. Returns
-    /// the objects merged.
-    async fn fill_namespace(
-        &self,
-        namespace: &str,
-        clusters: &[Ticket],
-        configs: Option<&Ticket>,
-    ) -> Result<usize, kube::Error> {
-        let mut merged = 0;
-        for_each_page(
-            &self.client,
-            &self.machine_resource,
-            namespace,
-            |page: Vec<Listed<MachineView>>| {
-                let page = by_cluster(page, |m| Some(&m.cluster_name));
-                merged += share_out(&mut write(&self.shard), clusters, page, |machines| Part {
-                    machines,
-                    ..Part::default()
-                });
-            },
-        )
-        .await?;
-        if let Some(resource) = &self.pool_resource {
-            for_each_page(
-                &self.client,
-                resource,
-                namespace,
-                |page: Vec<Listed<MachinePoolView>>| {
-                    let page = by_cluster(page, |p| Some(&p.cluster_name));
-                    merged += share_out(&mut write(&self.shard), clusters, page, |pools| Part {
-                        pools,
-                        ..Part::default()
-                    });
-                },
-            )
-            .await?;
-        }
-        if let Some(resource) = &self.config_resource {
-            for_each_page(
-                &self.client,
-                resource,
-                namespace,
-                |page: Vec<Listed<KubeadmConfigView>>| {
-                    let (unlabeled, labeled): (Vec<_>, Vec<_>) =
-                        page.into_iter().partition(|(_, k)| k.cluster_name.is_none());
-                    let labeled = by_cluster(labeled, |k| k.cluster_name.as_ref());
-                    let mut shard = write(&self.shard);
-                    merged += share_out(&mut shard, clusters, labeled, |configs| Part {
-                        configs,
-                        ..Part::default()
-                    });
-                    if let Some(ticket) = configs {
-                        merged += unlabeled.len();
-                        shard.fill_namespace_part(ticket, unlabeled);
-                    }
-                },
-            )
-            .await?;
-        }
-        if let Some(ticket) = configs {
-            write(&self.shard).namespace_filled(ticket);
-        }
-        let mut shard = write(&self.shard);
-        for ticket in clusters {
-            shard.filled(ticket);
-        }
-        Ok(merged)
-    }
-
     /// The Cluster's Machines, MachinePools and KubeadmConfigs, once listed (`None` before:
     /// decide nothing for it yet).
     pub fn inventory(&self, cluster: &ClusterView) -> Option<Inventory> {
@@ -490,6 +360,7 @@ impl Management {
             |page: Vec<Listed<MachineView>>| {
                 let page = page.into_iter().filter(|(_, m)| ours(&m.cluster_name));
                 inventory.machines.extend(page.map(|(_, m)| Arc::new(m)));
+                true
             },
         )
         .await?;
@@ -501,6 +372,7 @@ impl Management {
                 |page: Vec<Listed<MachinePoolView>>| {
                     let page = page.into_iter().filter(|(_, p)| ours(&p.cluster_name));
                     inventory.pools.extend(page.map(|(_, p)| Arc::new(p)));
+                    true
                 },
             )
             .await?;
@@ -516,6 +388,7 @@ impl Management {
                         .into_iter()
                         .filter(|(_, k)| k.cluster_name.as_ref().is_none_or(ours));
                     inventory.kubeadm_configs.extend(page.map(|(_, k)| Arc::new(k)));
+                    true
                 },
             )
             .await?;
@@ -583,71 +456,9 @@ impl feed::FeedTarget for Management {
     }
 }
 
-/// Hands each filling Cluster of `clusters` its share of a page (`part` makes a [`Part`] of
-/// it); the rest of the page is dropped. Returns how many objects were handed out.
-fn share_out<V>(
-    shard: &mut ShardStore,
-    clusters: &[Ticket],
-    mut page: HashMap<Arc<str>, Vec<Listed<V>>>,
-    part: impl Fn(Vec<Listed<V>>) -> Part,
-) -> usize {
-    let mut handed = 0;
-    for ticket in clusters {
-        let mine = page.remove(ticket.name.as_str()).unwrap_or_default();
-        handed += mine.len();
-        shard.fill_part(ticket, part(mine));
-    }
-    handed
-}
-
-/// A page's views by their Cluster (`spec.clusterName`, a KubeadmConfig's label): each gained
-/// Cluster's share is moved to it, not copied (one object belongs to one Cluster; the others of
-/// the namespace are dropped).
-fn by_cluster<V>(page: Vec<Listed<V>>, cluster: impl Fn(&V) -> Option<&Arc<str>>) -> HashMap<Arc<str>, Vec<Listed<V>>> {
-    let mut by: HashMap<Arc<str>, Vec<Listed<V>>> = HashMap::new();
-    for listed in page {
-        if let Some(name) = cluster(&listed.1) {
-            by.entry(Arc::clone(name)).or_default().push(listed);
-        }
-    }
-    by
-}
-
-/// The claim `object` (as the API server returned it) holds on `target` for `provider_id`.
+/// `kind`'s place in [`Kind::ALL`].
 fn kind_index(kind: Kind) -> usize {
     Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)
-}
-
-/// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
-/// time to `each` (a large namespace is never held whole, and each page is read straight into
-/// views: [`view_page`]); unreadable ones are left out, as the watch leaves them out.
-async fn for_each_page<V: ReadView>(
-    client: &Client,
-    resource: &ApiResource,
-    namespace: &str,
-    mut each: impl FnMut(Vec<Listed<V>>),
-) -> Result<(), kube::Error> {
-    use kube::Resource;
-    let path = DynamicObject::url_path(resource, Some(namespace));
-    let mut token: Option<String> = None;
-    loop {
-        let mut params = ListParams::default().limit(FILL_PAGE);
-        if let Some(token) = &token {
-            params = params.continue_token(token);
-        }
-        let request = kube::core::Request::new(path.as_str())
-            .list(&params)
-            .map_err(kube::Error::BuildRequest)?;
-        let page: ViewPage<V> = client.request(request).await?;
-        for why in &page.unreadable {
-            tracing::warn!(object = %why, "ignoring unreadable object");
-        }
-        token = page.next;
-        each(page.views);
-        if token.is_none() {
-            return Ok(());
-        }
-    }
 }
 
 /// Why a write did not happen.

@@ -524,6 +524,22 @@ impl ShardStore {
             .filter(|slot| slot.generation == ticket.generation && matches!(slot.fill, Fill::Filling(_)))
     }
 
+    /// Whether the ticket's slot (a Cluster's, or a namespace's) is there and still waits for
+    /// its list: a list goes on only while some slot it fills does.
+    pub fn is_filling(&self, ticket: &Ticket) -> bool {
+        let filling =
+            |generation: u64, fill: &Fill| generation == ticket.generation && matches!(fill, Fill::Filling(_));
+        if ticket.name.is_empty() {
+            self.namespaces
+                .get(&ticket.namespace)
+                .is_some_and(|slot| filling(slot.generation, &slot.fill))
+        } else {
+            self.clusters
+                .get(&format!("{}/{}", ticket.namespace, ticket.name))
+                .is_some_and(|slot| filling(slot.generation, &slot.fill))
+        }
+    }
+
     /// Merges one page of a filling Cluster's list; it stays filling. Returns false when the
     /// ticket's slot is gone (released, perhaps gained again since) or no longer filling: the
     /// page is dropped, so a Cluster released while its list streams costs no more than the

@@ -1,4 +1,5 @@
-//! One page of a Cluster API `LIST`, read straight into the rule engine's views.
+//! Cluster API `LIST`s of a namespace, a page at a time ([`for_each_page`]), each page read
+//! straight into the rule engine's views.
 //!
 //! A fill lists a namespace's Machines a page at a time. Parsed as a whole (a typed list, or one
 //! JSON tree), a page of 250 Machines is about 2.5 MB of small allocations for 600 KB of JSON,
@@ -15,6 +16,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
+
+use kube::Client;
+use kube::Resource;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 
 use super::lean::LeanObject;
 use super::store::Listed;
@@ -139,6 +144,74 @@ impl<'de, V: ReadView> Visitor<'de> for Items<'_, V> {
     }
 }
 
+/// Objects per page of a namespace LIST: a large namespace is never held as one answer.
+const PAGE: u32 = 250;
+
+/// Every object of `resource` in `namespace` as views with their resourceVersion, a page at a
+/// time to `each`, until it returns false (a large namespace is never held whole, and each page
+/// is read straight into views); unreadable ones are left out, as the watch leaves them out.
+///
+/// A list whose pages outlast etcd's compaction (5 minutes: a namespace of tens of thousands
+/// of objects on a loaded apiserver) is refused its next page (410), with a token that goes on
+/// at the latest version (kube-apiserver's `handleCompactedErrorForPaging`); it goes on with
+/// that token rather than starting over, which under the same load would be refused again. Its
+/// later pages are then newer than its first: every reader here takes each object at its own
+/// resourceVersion (the shard store keeps the newer of the watch's and the list's, and a
+/// deletion's tombstone), and an object created meanwhile among the pages already read is the
+/// watch's to deliver (a fill) or newer than the read's start (a fresh read).
+pub async fn for_each_page<V: ReadView>(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    mut each: impl FnMut(Vec<Listed<V>>) -> bool,
+) -> Result<(), kube::Error> {
+    let path = DynamicObject::url_path(resource, Some(namespace));
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(PAGE);
+        if let Some(token) = &token {
+            params = params.continue_token(token);
+        }
+        let request = kube::core::Request::new(path.as_str())
+            .list(&params)
+            .map_err(kube::Error::BuildRequest)?;
+        let page: ViewPage<V> = match client.request(request).await {
+            Ok(page) => page,
+            Err(kube::Error::Api(status)) if token.is_some() && status.code == 410 => {
+                match expired_continuation(&status) {
+                    Some(next) => {
+                        tracing::info!(
+                            namespace,
+                            resource = %resource.plural,
+                            "a paged list outlasted etcd's compaction; going on at the latest version"
+                        );
+                        token = Some(next);
+                        continue;
+                    }
+                    None => return Err(kube::Error::Api(status)),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        for why in &page.unreadable {
+            tracing::warn!(object = %why, "ignoring unreadable object");
+        }
+        token = page.next;
+        if !each(page.views) || token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// The token a 410 answer to a continued list offers for going on at the latest version.
+fn expired_continuation(status: &kube::core::Status) -> Option<String> {
+    status
+        .metadata
+        .as_ref()
+        .and_then(|meta| meta.continue_.clone())
+        .filter(|token| !token.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +257,92 @@ mod tests {
         // Items that are not objects are left out, as unreadable.
         let page: ViewPage<MachineView> = serde_json::from_str(r#"{"items": [1, "x", null]}"#).unwrap();
         assert_eq!((page.views.len(), page.unreadable.len()), (0, 3));
+    }
+
+    /// A kube client whose apiserver answers each LIST by its `continue` parameter: the first
+    /// page (m-0, token "first"), a 410 past compaction offering "latest" (or no token when
+    /// `offer` is false), then the rest (m-1). The queries it was sent go to `sent`.
+    fn compacting_apiserver(offer: bool, sent: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> Client {
+        let machine = |name: &str| {
+            format!(
+                r#"{{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                    "metadata": {{"name": "{name}", "namespace": "ns", "uid": "u-{name}", "resourceVersion": "7"}},
+                    "spec": {{"clusterName": "c", "providerID": "aws:///z/i-{name}"}}}}"#
+            )
+        };
+        let service = tower::service_fn(move |request: hyper::http::Request<kube::client::Body>| {
+            let query = request.uri().query().unwrap_or_default().to_owned();
+            sent.lock().unwrap().push(query.clone());
+            let (code, body) = if !query.contains("continue=") {
+                (
+                    200,
+                    format!(
+                        r#"{{"metadata": {{"continue": "first"}}, "items": [{}]}}"#,
+                        machine("m-0")
+                    ),
+                )
+            } else if query.contains("continue=first") {
+                // As kube-apiserver's handleCompactedErrorForPaging answers (envtest_paged_list).
+                let token = if offer { r#""continue": "latest""# } else { "" };
+                (
+                    410,
+                    format!(
+                        r#"{{"kind": "Status", "apiVersion": "v1", "metadata": {{{token}}}, "status": "Failure",
+                            "message": "The provided continue parameter is too old to display a consistent list result.",
+                            "reason": "Expired", "code": 410}}"#
+                    ),
+                )
+            } else {
+                (200, format!(r#"{{"metadata": {{}}, "items": [{}]}}"#, machine("m-1")))
+            };
+            let answer = hyper::http::Response::builder()
+                .status(code)
+                .body(kube::client::Body::from(body.into_bytes()))
+                .unwrap();
+            async move { Ok::<_, std::convert::Infallible>(answer) }
+        });
+        Client::new(service, "default")
+    }
+
+    fn machines() -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
+            "machines",
+        )
+    }
+
+    #[tokio::test]
+    async fn a_list_refused_past_compaction_goes_on_with_the_token_the_refusal_offers() {
+        let sent = std::sync::Arc::default();
+        let client = compacting_apiserver(true, std::sync::Arc::clone(&sent));
+        let mut names = Vec::new();
+        for_each_page(&client, &machines(), "ns", |page: Vec<Listed<MachineView>>| {
+            names.extend(page.into_iter().map(|(_, m)| m.name().to_owned()));
+            true
+        })
+        .await
+        .unwrap();
+        assert_eq!(names, ["m-0", "m-1"], "each page once, not started over");
+        let sent = sent.lock().unwrap().clone();
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        assert!(sent[2].contains("continue=latest"), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_without_a_token_and_a_reader_that_stops_end_the_list() {
+        let sent = std::sync::Arc::default();
+        let client = compacting_apiserver(false, std::sync::Arc::clone(&sent));
+        let refused = for_each_page(&client, &machines(), "ns", |_: Vec<Listed<MachineView>>| true).await;
+        assert!(
+            matches!(&refused, Err(kube::Error::Api(status)) if status.code == 410),
+            "{refused:?}"
+        );
+        // A reader that wants no more after the first page: nothing more is asked.
+        let sent = std::sync::Arc::default();
+        let client = compacting_apiserver(true, std::sync::Arc::clone(&sent));
+        for_each_page(&client, &machines(), "ns", |_: Vec<Listed<MachineView>>| false)
+            .await
+            .unwrap();
+        assert_eq!(sent.lock().unwrap().len(), 1);
     }
 }
