@@ -85,6 +85,69 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     assert_eq!(denied.reason(), Some("MachineNotFound"), "{denied:?}\n{}", signer.log());
 }
 
+/// How many times `signer` listed the Cluster API objects of gained Clusters.
+fn fills(signer: &Signer) -> usize {
+    signer
+        .log()
+        .matches("listed the Cluster API objects of gained Clusters")
+        .count()
+}
+
+/// Waits up to `within` for `signer`'s log to say `what`.
+async fn logged(signer: &Signer, what: &str, within: Duration) {
+    let deadline = std::time::Instant::now() + within;
+    while !signer.log().contains(what) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never logged {what:?}\n{}",
+            signer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A shard replica that cannot renew its member Lease fences itself (serves nothing) but keeps
+/// the Machines it listed, which its watches keep current: once it renews it serves again
+/// without listing its namespace again. At a thousand Clusters in one namespace, those lists
+/// after each fence were the load that kept loaded replicas fenced (docs/capacity.md, "Measured
+/// at 1,000 Clusters").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+async fn a_fenced_replica_keeps_what_it_listed_and_serves_again_without_listing_it_again() {
+    let env = Envtest::start("envtest_faults_fence");
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
+    w.add_machine(&admin, "worker-0", &pid("worker-0")).await;
+    let direct = Signer::management_identity(&w.env).await;
+    let server: std::net::SocketAddr = w.env.server.trim_start_matches("https://").parse().unwrap();
+    let proxy = Proxy::start(server);
+    let proxied = w.env.dir().join("signer-through-proxy.kubeconfig");
+    let text = std::fs::read_to_string(&direct).unwrap();
+    std::fs::write(&proxied, text.replace(&w.env.server, &proxy.url())).unwrap();
+    let signer = Signer::run_as(
+        Path::new(SIGNER_BIN),
+        &w.env,
+        &proxied,
+        &["--coordination", "shard", "--replica-name", "solo"],
+    );
+    let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
+    assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
+    assert_eq!(fills(&signer), 1, "{}", signer.log());
+
+    // Its Lease renewals go nowhere: fenced within the fence period (10 s).
+    proxy.cut();
+    logged(&signer, "membership Lease not renewed in time", Duration::from_secs(30)).await;
+    proxy.restore();
+    logged(&signer, "membership Lease renewed", Duration::from_secs(30)).await;
+
+    // Serving again, on what it kept: a Machine created since comes through the watch.
+    w.add_machine(&admin, "worker-1", &pid("worker-1")).await;
+    let issued = join(&w, "join-1", "worker-1", Duration::from_secs(30)).await;
+    assert!(matches!(issued, Final::Issued(_)), "{issued:?}\n{}", signer.log());
+    assert_eq!(fills(&signer), 1, "listed again after the fence\n{}", signer.log());
+}
+
 /// The Events in the Cluster's namespace of the management cluster, as (object, reason).
 async fn management_events(admin: &kube::Client) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), capi::NAMESPACE);

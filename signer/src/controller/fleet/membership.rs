@@ -145,6 +145,13 @@ impl View {
         !self.fenced && owner == Some(self.me.as_str())
     }
 
+    /// Whether this replica stands aside for now: fenced, or renewing again but not yet
+    /// counted among the members (a returning member's arrival settles like a new one's). It
+    /// owns nothing meanwhile, and gets its share back once counted.
+    pub fn standing_aside(&self) -> bool {
+        self.fenced || !self.members.contains(&self.me)
+    }
+
     /// The members, for logs and Events.
     pub fn members_text(&self) -> String {
         self.members.join(", ")

@@ -162,7 +162,15 @@ impl Fleet {
         let mine_keys: HashSet<String> = mine.iter().map(ClusterView::key).collect();
         let served_keys: HashSet<String> = served.iter().map(ClusterView::key).collect();
         self.running.retain(|k, _| served_keys.contains(k));
-        self.shared.management.serve(&mine);
+        // A fenced replica serves nothing (its workers stopped above) but keeps the cached
+        // objects of the Clusters it held until it is counted among the members again: the
+        // watches keep them current, and a replica fenced because a loaded apiserver answered
+        // its renewals late regains the same share when it renews, without listing their
+        // namespaces again (at a thousand Clusters, those lists were the load that kept it
+        // fenced: docs/capacity.md, "Measured at 1,000 Clusters").
+        if !view.as_ref().is_some_and(View::standing_aside) {
+            self.shared.management.serve(&mine);
+        }
         if let Some(view) = &view {
             self.hand_over(view, &owners, &mine, &theirs);
         }
