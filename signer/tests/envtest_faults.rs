@@ -40,6 +40,20 @@ async fn join(w: &Workload, csr: &str, machine: &str, within: Duration) -> Final
     wait_final(&w.admin, csr, false, within).await
 }
 
+/// The signer started with `extra`, reaching the management cluster through a proxy the test
+/// can cut; its workload client (from the Cluster's kubeconfig Secret) goes straight to the
+/// apiserver.
+async fn behind_a_proxy(w: &Workload, extra: &[&str]) -> (Proxy, Signer) {
+    let direct = Signer::management_identity(&w.env).await;
+    let server: std::net::SocketAddr = w.env.server.trim_start_matches("https://").parse().unwrap();
+    let proxy = Proxy::start(server);
+    let proxied = w.env.dir().join("signer-through-proxy.kubeconfig");
+    let text = std::fs::read_to_string(&direct).unwrap();
+    std::fs::write(&proxied, text.replace(&w.env.server, &proxy.url())).unwrap();
+    let signer = Signer::run_as(Path::new(SIGNER_BIN), &w.env, &proxied, extra);
+    (proxy, signer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it_has_not_seen() {
@@ -49,15 +63,7 @@ async fn a_replica_cut_off_from_the_management_cluster_never_denies_a_machine_it
     let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
     w.add_machine(&admin, "worker-0", &pid("worker-0")).await;
 
-    // The signer reaches the management cluster through the proxy only; its workload client
-    // (from the Cluster's kubeconfig Secret) goes straight to the apiserver.
-    let direct = Signer::management_identity(&w.env).await;
-    let server: std::net::SocketAddr = w.env.server.trim_start_matches("https://").parse().unwrap();
-    let proxy = Proxy::start(server);
-    let proxied = w.env.dir().join("signer-through-proxy.kubeconfig");
-    let text = std::fs::read_to_string(&direct).unwrap();
-    std::fs::write(&proxied, text.replace(&w.env.server, &proxy.url())).unwrap();
-    let signer = Signer::run_as(Path::new(SIGNER_BIN), &w.env, &proxied, &["--leader-elect=false"]);
+    let (proxy, signer) = behind_a_proxy(&w, &["--leader-elect=false"]).await;
 
     let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
     assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
@@ -119,18 +125,7 @@ async fn a_fenced_replica_keeps_what_it_listed_and_serves_again_without_listing_
     let admin = live::client(&env.admin_kubeconfig).await;
     let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
     w.add_machine(&admin, "worker-0", &pid("worker-0")).await;
-    let direct = Signer::management_identity(&w.env).await;
-    let server: std::net::SocketAddr = w.env.server.trim_start_matches("https://").parse().unwrap();
-    let proxy = Proxy::start(server);
-    let proxied = w.env.dir().join("signer-through-proxy.kubeconfig");
-    let text = std::fs::read_to_string(&direct).unwrap();
-    std::fs::write(&proxied, text.replace(&w.env.server, &proxy.url())).unwrap();
-    let signer = Signer::run_as(
-        Path::new(SIGNER_BIN),
-        &w.env,
-        &proxied,
-        &["--coordination", "shard", "--replica-name", "solo"],
-    );
+    let (proxy, signer) = behind_a_proxy(&w, &["--coordination", "shard", "--replica-name", "solo"]).await;
     let joined = join(&w, "join-0", "worker-0", Duration::from_secs(30)).await;
     assert!(matches!(joined, Final::Issued(_)), "{joined:?}\n{}", signer.log());
     assert_eq!(fills(&signer), 1, "{}", signer.log());

@@ -173,13 +173,11 @@ impl Management {
             &self.machine_resource,
             namespace,
             |page: Vec<Listed<MachineView>>| {
-                let page = by_cluster(page, |m| Some(&m.cluster_name));
-                let mut shard = write(&self.shard);
-                merged += share_out(&mut shard, clusters, page, |machines| Part {
+                let part = |machines| Part {
                     machines,
                     ..Part::default()
-                });
-                any_filling(&shard, batch)
+                };
+                self.take_page(batch, by_cluster(page, |m| Some(&m.cluster_name)), part, &mut merged)
             },
         )
         .await?;
@@ -189,13 +187,11 @@ impl Management {
                 resource,
                 namespace,
                 |page: Vec<Listed<MachinePoolView>>| {
-                    let page = by_cluster(page, |p| Some(&p.cluster_name));
-                    let mut shard = write(&self.shard);
-                    merged += share_out(&mut shard, clusters, page, |pools| Part {
+                    let part = |pools| Part {
                         pools,
                         ..Part::default()
-                    });
-                    any_filling(&shard, batch)
+                    };
+                    self.take_page(batch, by_cluster(page, |p| Some(&p.cluster_name)), part, &mut merged)
                 },
             )
             .await?;
@@ -231,6 +227,22 @@ impl Management {
             shard.filled(ticket);
         }
         Ok(merged)
+    }
+}
+
+impl Management {
+    /// Hands one page, by Cluster, to `batch`'s filling Clusters (`part` makes each one's share
+    /// a [`Part`]), adding what was handed to `merged`; whether the list goes on.
+    fn take_page<V>(
+        &self,
+        batch: &Batch,
+        page: HashMap<Arc<str>, Vec<Listed<V>>>,
+        part: impl Fn(Vec<Listed<V>>) -> Part,
+        merged: &mut usize,
+    ) -> bool {
+        let mut shard = write(&self.shard);
+        *merged += share_out(&mut shard, &batch.clusters, page, part);
+        any_filling(&shard, batch)
     }
 }
 
