@@ -24,6 +24,7 @@ pub mod inflight;
 pub mod nodes;
 pub mod queue;
 pub mod record;
+pub mod resumed;
 pub mod shared;
 pub mod watch;
 pub mod worker;

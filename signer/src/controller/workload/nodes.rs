@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 
+use super::resumed::{Next, Resumption};
 use crate::controller::backoff::Backoff;
 
 /// Nodes by name and by provider ID, kept by [`NodeIndex::watch`].
@@ -46,6 +47,9 @@ struct IndexState {
     by_provider_id: HashMap<String, BTreeSet<String>>,
     /// Nodes of a relist in progress, swapped in when it completes.
     relist: Option<HashMap<String, Option<String>>>,
+    /// A list has completed: what the index holds is the cluster's Nodes as of some version,
+    /// which a watch started again from it brings up to date.
+    listed_once: bool,
 }
 
 impl IndexState {
@@ -155,6 +159,7 @@ impl NodeIndex {
                 let nodes = state.relist.take().unwrap_or_default();
                 state.replace_all(nodes);
                 state.live = true;
+                state.listed_once = true;
                 state.why_not = None;
             }
             watcher::Event::Apply(node) => state.insert(node.name_any(), provider_id(&node)),
@@ -180,22 +185,40 @@ impl NodeIndex {
         let api: Api<Node> = Api::all(client);
         let mut events = watcher(api, watcher::Config::default()).boxed();
         let mut backoff = Backoff::default();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(event) => {
-                    if matches!(event, watcher::Event::InitDone) {
+        // A watch started again after a failure says nothing when it works (super::resumed):
+        // the index, kept as it was and brought up to date by what the watch delivers from
+        // its version on, is live again then.
+        let mut resumption = Resumption::default();
+        loop {
+            match resumption.next(&mut events).await {
+                Next::Event(Ok(event)) => {
+                    if resumption.up_on(&event) {
                         backoff.reset();
+                        self.live_again();
                     }
                     self.apply(event);
                 }
-                Err(e) => {
+                Next::Event(Err(e)) => {
                     self.failed(format!("the Node watch of the workload cluster failed: {e}"));
                     tokio::select! {
                         () = backoff.wait() => {}
                         () = self.retry.notified() => {}
                     }
+                    resumption.retrying();
                 }
+                Next::UpAgain => self.live_again(),
+                Next::Ended => break,
             }
+        }
+    }
+
+    /// The watch is up again after a failure, from the version it had: the index is live.
+    /// (Before its first list it is not: only that list's end makes it live.)
+    fn live_again(&self) {
+        let mut state = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.listed_once {
+            state.live = true;
+            state.why_not = None;
         }
     }
 }

@@ -3,6 +3,7 @@
 //! taken one CSR per task, within this cluster's and the fleet's limits.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -12,6 +13,7 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use super::resumed::{Next, Resumption};
 use super::worker::{FINISHED_MEMORY, Worker, needs_us};
 use crate::controller::backoff::Backoff;
 use crate::controller::metrics::ClusterState;
@@ -33,7 +35,28 @@ impl Worker {
         // in at InitDone): names queued earlier were taken while the store did not hold them
         // yet, and so left for the next resync (30 s after every restart or hand-over).
         let mut listed: Vec<String> = Vec::new();
-        while let Some(event) = events.next().await {
+        // A watch started again after a failure says nothing when it works (super::resumed).
+        let mut resumption = Resumption::default();
+        loop {
+            let event = match resumption.next(&mut events).await {
+                Next::Event(event) => event,
+                Next::UpAgain => {
+                    self.watch_up();
+                    continue;
+                }
+                Next::Ended => break,
+            };
+            if let Ok(event) = &event
+                && resumption.up_on(event)
+            {
+                if matches!(event, watcher::Event::InitDone) {
+                    for name in listed.drain(..) {
+                        self.enqueue(&name);
+                    }
+                    backoff.reset();
+                }
+                self.watch_up();
+            }
             match event {
                 Ok(watcher::Event::Apply(csr)) => {
                     if needs_us(&csr) {
@@ -52,24 +75,26 @@ impl Worker {
                         lock(&self.finished).remove(&uid);
                     }
                 }
-                Ok(watcher::Event::InitDone) => {
-                    for name in listed.drain(..) {
-                        self.enqueue(&name);
-                    }
-                    if self.set_state(ClusterState::Ready) {
-                        tracing::info!("watching CSRs of the workload cluster");
-                        self.nodes.retry_now();
-                    }
-                    backoff.reset();
-                }
+                Ok(watcher::Event::InitDone) => {}
                 Ok(watcher::Event::Init) => listed.clear(),
                 Err(e) => {
+                    self.csr_watch_up.store(false, Ordering::Relaxed);
                     if self.set_state(ClusterState::Unreachable) {
                         tracing::warn!(error = %e, "workload apiserver unreachable; retrying with backoff");
                     }
                     backoff.wait().await;
+                    resumption.retrying();
                 }
             }
+        }
+    }
+
+    /// The CSR watch is up (listed, or started again after a failure): the cluster is `Ready`.
+    pub(super) fn watch_up(&self) {
+        self.csr_watch_up.store(true, Ordering::Relaxed);
+        if self.set_state(ClusterState::Ready) {
+            tracing::info!("watching CSRs of the workload cluster");
+            self.nodes.retry_now();
         }
     }
 

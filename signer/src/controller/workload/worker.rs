@@ -61,6 +61,9 @@ pub struct Worker {
     /// A claim was written: the join-token duty looks closely for a while (a claimed Machine's
     /// token goes within seconds of its node joining) instead of once per resync.
     pub(super) claim_written: tokio::sync::Notify,
+    /// The CSR watch is up (listed, and not failing since): what the RBAC duty's own retries
+    /// go back to once they succeed.
+    pub(super) csr_watch_up: std::sync::atomic::AtomicBool,
 }
 
 /// How long a CSR this worker finished is left alone while the watch cache catches up. The
@@ -110,6 +113,7 @@ impl Worker {
             state: Mutex::new(ClusterState::Unreachable),
             key_warned: Mutex::default(),
             claim_written: tokio::sync::Notify::new(),
+            csr_watch_up: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -41,7 +41,7 @@ impl Worker {
                         objects = objects.len(),
                         "workload RBAC in place; the signer acts as its own user from here on"
                     );
-                    return;
+                    break;
                 }
                 Ok(Applied::AllServed { missing }) => {
                     self.shared.metrics.workload_rbac_apply("applied");
@@ -50,7 +50,7 @@ impl Worker {
                     );
                     tracing::warn!("{text}");
                     self.cluster_event(EventType::Warning, "WorkloadRbacPartial", &text);
-                    return;
+                    break;
                 }
                 Err(e @ ApplyRbacError::Refused { .. }) => {
                     self.shared.metrics.workload_rbac_apply("refused");
@@ -59,7 +59,7 @@ impl Worker {
                     );
                     tracing::warn!("{text}");
                     self.cluster_event(EventType::Warning, "WorkloadRbacRefused", &text);
-                    return;
+                    break;
                 }
                 Err(e @ ApplyRbacError::Unreachable { .. }) => {
                     self.shared.metrics.workload_rbac_apply("failed");
@@ -71,6 +71,11 @@ impl Worker {
                     backoff.wait().await;
                 }
             }
+        }
+        // Its failures said Unreachable; the CSR watch (which says Ready) may have been up all
+        // along, and says nothing more unless it fails.
+        if said_unreachable && self.csr_watch_up.load(std::sync::atomic::Ordering::Relaxed) {
+            self.watch_up();
         }
     }
 }
