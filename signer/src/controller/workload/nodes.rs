@@ -206,7 +206,10 @@ impl NodeIndex {
                     }
                     resumption.retrying();
                 }
-                Next::UpAgain => self.live_again(),
+                Next::UpAgain => {
+                    backoff.reset();
+                    self.live_again();
+                }
                 Next::Ended => break,
             }
         }
@@ -298,5 +301,28 @@ mod tests {
         index.failed("gone".into());
         assert_eq!(index.nodes_with_provider_id("p-3"), Err("gone".into()));
         assert_eq!(index.with_name("c"), NodeLookup::Unavailable("gone".into()));
+    }
+
+    #[test]
+    fn a_failed_watch_started_again_makes_a_listed_index_live_and_an_unlisted_one_not() {
+        let index = NodeIndex::default();
+        index.live_again();
+        assert!(
+            index.nodes_with_provider_id("p-1").is_err(),
+            "never listed: only a list's end makes it live"
+        );
+        index.apply(watcher::Event::Init);
+        index.apply(watcher::Event::InitApply(node("a", Some("p-1"))));
+        index.apply(watcher::Event::InitDone);
+        assert_eq!(index.nodes_with_provider_id("p-1").unwrap(), ["a"]);
+        index.failed("the Node watch of the workload cluster failed: cut".into());
+        let down = index.nodes_with_provider_id("p-1").unwrap_err();
+        assert!(down.contains("cut"), "{down}");
+        index.live_again();
+        assert_eq!(
+            index.nodes_with_provider_id("p-1").unwrap(),
+            ["a"],
+            "what it held, live again"
+        );
     }
 }

@@ -41,6 +41,7 @@ impl Worker {
             let event = match resumption.next(&mut events).await {
                 Next::Event(event) => event,
                 Next::UpAgain => {
+                    backoff.reset();
                     self.watch_up();
                     continue;
                 }
@@ -53,8 +54,8 @@ impl Worker {
                     for name in listed.drain(..) {
                         self.enqueue(&name);
                     }
-                    backoff.reset();
                 }
+                backoff.reset();
                 self.watch_up();
             }
             match event {
