@@ -12,7 +12,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use attestation::names::{ANNOTATION_TPM_BOOT_POLICY, SIGNER_TPM};
-use serde_json::Value;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, file_csr, wait_final};
@@ -21,26 +20,6 @@ const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
 const WAIT: Duration = Duration::from_secs(30);
 const PID: &str = "aws:///eu-west-1b/i-worker-0";
-
-/// Events on the Cluster with `reason`, as (type, note).
-fn cluster_events(w: &Workload, reason: &str) -> Vec<(String, String)> {
-    let events = w
-        .env
-        .kubectl(&["get", "events.events.k8s.io", "-n", &w.namespace, "-o", "json"]);
-    let events: Value = serde_json::from_slice(&events.stdout).unwrap();
-    events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["regarding"]["kind"] == "Cluster" && e["reason"] == reason)
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap_or_default().to_owned(),
-                e["note"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
-}
 
 fn annotate(w: &Workload, value: &str) {
     let annotation = format!("{ANNOTATION_TPM_BOOT_POLICY}{value}");
@@ -74,7 +53,7 @@ async fn a_missing_boot_policy_holds_tpm_csrs_with_a_warning_and_none_judges_the
     file_csr(&w.bootstrap, "tpm-1", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
     let held = wait_final(&w.admin, "tpm-1", false, Duration::from_secs(8)).await;
     assert_eq!(held, Final::Pending, "{}", signer.log());
-    let warnings = cluster_events(&w, "BootPolicyInvalid");
+    let warnings = w.cluster_events("BootPolicyInvalid");
     assert!(
         warnings.iter().any(|(kind, note)| kind == "Warning"
             && note.contains("team-a/prod-boot-policy")

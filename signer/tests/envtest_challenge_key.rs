@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use attestation::names::{SIGNER_INSECURE, SIGNER_TPM};
-use serde_json::{Value, json};
+use serde_json::json;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
@@ -25,26 +25,6 @@ const HOME: &str = "signer-home";
 
 fn pid(name: &str) -> String {
     format!("aws:///eu-west-1b/i-{name}")
-}
-
-/// Warning Events on the Cluster with `reason`, as (type, note).
-fn cluster_events(w: &Workload, reason: &str) -> Vec<(String, String)> {
-    let events = w
-        .env
-        .kubectl(&["get", "events.events.k8s.io", "-n", &w.namespace, "-o", "json"]);
-    let events: Value = serde_json::from_slice(&events.stdout).unwrap();
-    events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["regarding"]["kind"] == "Cluster" && e["reason"] == reason)
-        .map(|e| {
-            (
-                e["type"].as_str().unwrap_or_default().to_owned(),
-                e["note"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,7 +64,7 @@ async fn a_signer_without_its_namespace_serves_insecure_clusters_and_holds_tpm_c
     file_csr(&w.bootstrap, "tpm-1", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
     let held = wait_final(&w.admin, "tpm-1", false, Duration::from_secs(6)).await;
     assert_eq!(held, Final::Pending, "{}", signer.log());
-    let warnings = cluster_events(&w, "TpmChallengeKeyUnavailable");
+    let warnings = w.cluster_events("TpmChallengeKeyUnavailable");
     assert!(
         warnings
             .iter()

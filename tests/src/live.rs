@@ -207,6 +207,27 @@ impl Workload {
         }
     }
 
+    /// The Events on this Cluster (in its management namespace) with `reason`, as (type, note).
+    pub fn cluster_events(&self, reason: &str) -> Vec<(String, String)> {
+        let events = self
+            .env
+            .kubectl(&["get", "events.events.k8s.io", "-n", &self.namespace, "-o", "json"]);
+        let events: Value = serde_json::from_slice(&events.stdout).expect("kubectl's Event list");
+        events["items"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter(|e| e["regarding"]["kind"] == "Cluster" && e["reason"] == reason)
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_owned(),
+                    e["note"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
     /// A client of the workload apiserver as bootstrap token `<id>.<secret>` (added first).
     pub async fn bootstrap_client(&self, token: &str) -> Client {
         let (id, secret) = token.split_once('.').expect("token");
