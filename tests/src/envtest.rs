@@ -5,17 +5,31 @@
 //! variable is set (elsewhere nextest counts them as skipped).
 //!
 //! The apiserver trusts one CA for client certificates: [`Envtest::client_ca`], an RSA PKCS#1
-//! key as Cluster API writes `<cluster>-ca`, so certificates the signer issues with it
-//! authenticate for real, through the Node authorizer and RBAC.
+//! key as Cluster API writes `<cluster>-ca` (a harness may choose another, [`use_client_ca`]),
+//! so certificates the signer issues with it authenticate for real, through the Node authorizer
+//! and RBAC.
 
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::ca::{CaKeyFormat, TestCa, issuer, openssl_ca};
+
+/// The client CA's key format of every apiserver this process starts from now on, when a
+/// harness chose one ([`use_client_ca`]); otherwise RSA PKCS#1, as Cluster API writes it.
+static CLIENT_CA_FORMAT: OnceLock<CaKeyFormat> = OnceLock::new();
+
+/// Makes every apiserver this process starts trust (and every `<cluster>-ca` it registers hold) a
+/// CA of `format`: `signer-load --ca-key` measures a join under an ECDSA cluster CA with it. Set
+/// once, before the first apiserver; the suites keep Cluster API's RSA default.
+pub fn use_client_ca(format: CaKeyFormat) {
+    CLIENT_CA_FORMAT
+        .set(format)
+        .expect("the client CA's format is chosen once, before any apiserver starts");
+}
 
 /// A running etcd + kube-apiserver pair on loopback, stopped on drop.
 pub struct Envtest {
@@ -95,7 +109,7 @@ impl Envtest {
 
     fn start_apiserver_on(assets: PathBuf, dir: tempfile::TempDir, etcd: Arc<Etcd>, extra: &[String]) -> Self {
         let d = dir.path();
-        let client_ca = openssl_ca(CaKeyFormat::RsaPkcs1, 3650);
+        let client_ca = openssl_ca(*CLIENT_CA_FORMAT.get_or_init(|| CaKeyFormat::RsaPkcs1), 3650);
         let token = format!("{:032x}", u128::from_le_bytes(rand_bytes()));
         let (serving_cert, serving_key) = serving_certificate(&client_ca);
         std::fs::write(d.join("apiserver.crt"), serving_cert).expect("write");

@@ -103,6 +103,10 @@ struct Args {
     /// The signer binary (default: next to this one).
     #[arg(long)]
     signer_bin: Option<PathBuf>,
+    /// The key of every cluster CA (the apiservers' client CA, `<cluster>-ca`, what
+    /// kube-controller-manager signs with): Cluster API's RSA-2048 default, or ECDSA P-256.
+    #[arg(long, value_enum, default_value_t = CaKey::Rsa)]
+    ca_key: CaKey,
     /// Extra flags for the signer (repeat; `--signer-flag=--concurrency-per-cluster=16`).
     #[arg(long = "signer-flag", allow_hyphen_values = true)]
     signer_flags: Vec<String>,
@@ -118,9 +122,20 @@ enum Scenario {
     Flood,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CaKey {
+    /// RSA-2048 (PKCS#1), as Cluster API generates `<cluster>-ca`.
+    Rsa,
+    /// ECDSA P-256 (SEC1), a CA the operator brought.
+    EcP256,
+}
+
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    if args.ca_key == CaKey::EcP256 {
+        envtest::use_client_ca(tests::ca::CaKeyFormat::EcP256Sec1);
+    }
     let ok = match args.scenario {
         Scenario::Storm => storm(&args).await,
         Scenario::Fleet => fleet(&args).await,
@@ -175,8 +190,12 @@ async fn storm(args: &Args) -> bool {
     };
 
     println!(
-        "\nstorm: {} P-256 bootstrap-token CSRs filed at once, fresh apiserver and etcd per row",
-        args.csrs
+        "\nstorm: {} P-256 bootstrap-token CSRs filed at once, fresh apiserver and etcd per row, {} cluster CAs",
+        args.csrs,
+        match args.ca_key {
+            CaKey::Rsa => "RSA-2048",
+            CaKey::EcP256 => "ECDSA P-256",
+        }
     );
     let shared_runs = runs.len();
     runs.extend(split);
