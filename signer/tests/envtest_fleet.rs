@@ -1,7 +1,8 @@
 //! The signer as a fleet service, on real kube-apiservers (`KUBEBUILDER_ASSETS`; skipped loudly
 //! without): two workload clusters at once, one of them stopped and restarted, re-keyed and
 //! removed; two Clusters sharing a CA refused; the signer killed mid-run and restarted with
-//! nothing lost and nothing signed twice, and approved-but-unsigned CSRs re-verified.
+//! nothing lost and nothing signed twice, and approved-but-unsigned CSRs re-verified; a
+//! scale-up larger than the queue signed without waiting for the resync.
 
 #![allow(clippy::unwrap_used)]
 
@@ -498,4 +499,70 @@ async fn cluster_states_are_reported_when_they_change_not_at_the_next_resync() {
     );
     w.env.stop_apiserver();
     within("apiserver stopped", "Unreachable").await;
+}
+
+/// A scale-up of more CSRs at once than the queue holds: the names a full queue drops are
+/// queued again from the watch cache once it has drained to half, not at the next resync (30 s
+/// here). One CSR of the cluster in flight at a time and a queue of 2 make most of the 12
+/// filings drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+async fn a_scale_up_larger_than_the_queue_is_signed_without_waiting_for_the_resync() {
+    let management_env = Envtest::start("envtest_fleet (refill)");
+    let workload_env = Envtest::start("envtest_fleet (refill workload)");
+    management_env.install_capi_crds();
+    let management = live::client(&management_env.admin_kubeconfig).await;
+    let w = Workload::register(workload_env, &management, "team-q", "queue", "insecure").await;
+    let nodes: Vec<String> = (0..12).map(|i| format!("q-{i}")).collect();
+    for node in &nodes {
+        machine(&management, &w, node).await;
+    }
+    let signer = Signer::start_with_defaults(
+        Path::new(SIGNER_BIN),
+        &management_env,
+        &[
+            "--leader-elect=false",
+            "--queue-capacity=2",
+            "--concurrency-per-cluster=1",
+        ],
+    )
+    .await;
+    eventually("the cluster served", &signer, |m| {
+        metric(m, "node_attestation_clusters{state=\"Ready\"}") == 1.0
+    })
+    .await;
+    let filed = std::time::Instant::now();
+    let filings: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let bootstrap = w.bootstrap.clone();
+            let node = node.clone();
+            tokio::spawn(async move {
+                file_csr(
+                    &bootstrap,
+                    &node,
+                    SIGNER_INSECURE,
+                    &RequestSpec::kubelet(&node, &pid(&node)).build(),
+                    CLIENT_USAGES,
+                )
+                .await;
+            })
+        })
+        .collect();
+    for filing in filings {
+        filing.await.unwrap();
+    }
+    for node in &nodes {
+        let left = Duration::from_secs(15).saturating_sub(filed.elapsed());
+        assert!(
+            matches!(wait_final(&w.admin, node, false, left).await, Final::Issued(_)),
+            "{node} not issued within 15 s of the filings (the resync is 30 s)\n{}",
+            signer.log()
+        );
+    }
+    assert!(
+        metric(&signer.metrics(), "node_attestation_queue_dropped_total") > 0.0,
+        "the queue dropped no name: the test proves nothing\n{}",
+        signer.metrics()
+    );
 }

@@ -99,9 +99,20 @@ impl Worker {
         }
     }
 
+    /// Every `--resync-period`, and whenever the queue drained after dropping names (a
+    /// scale-up larger than `--queue-capacity`), queues the watch cache's undecided CSRs again.
     pub(super) async fn resync_loop(self: Arc<Self>) {
+        let mut next = tokio::time::Instant::now() + self.shared.settings.resync;
         loop {
-            tokio::time::sleep(self.shared.settings.resync).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => next += self.shared.settings.resync,
+                () = self.queue.refill_wanted() => {
+                    for csr in self.csrs.state().iter().filter(|c| needs_us(c)) {
+                        self.enqueue(&csr.name_any());
+                    }
+                    continue;
+                }
+            }
             let pending: Vec<_> = self.csrs.state().into_iter().filter(|c| needs_us(c)).collect();
             let live: std::collections::HashSet<String> = pending.iter().filter_map(|c| c.uid()).collect();
             lock(&self.first_seen).retain(|uid, _| live.contains(uid));
