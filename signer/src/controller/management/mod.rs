@@ -342,7 +342,7 @@ impl Management {
         &self,
         cluster: &ClusterView,
         not_before: time::OffsetDateTime,
-    ) -> Result<Arc<Inventory>, ApplyError> {
+    ) -> Result<fresh::FreshRead, ApplyError> {
         self.fresh
             .at_least_as_new(&cluster.key(), not_before, self.read_inventory(cluster))
             .await

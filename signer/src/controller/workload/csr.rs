@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use super::inflight::Answer;
 use super::worker::{FINISHED_MEMORY, Worker, needs_us};
 use crate::controller::management::ApplyError;
+use crate::controller::management::fresh::FreshRead;
 use crate::csr_object::{Stage, csr_object, stage};
 use crate::locks::lock;
 
@@ -261,7 +262,14 @@ impl Worker {
         let mut again = None;
         for not_before in [clock.first_seen, decided_at] {
             let fresh = match self.shared.management.fresh_inventory(cluster, not_before).await {
-                Ok(fresh) => fresh,
+                Ok(FreshRead::Read(fresh)) => fresh,
+                Ok(FreshRead::TooSoon(wait)) => {
+                    // Reads of a Cluster are spaced (management::fresh); this CSR is looked at
+                    // again once the next may start, holding no slot meanwhile.
+                    tracing::debug!(wait_ms = wait.as_millis() as u64, "waiting for the next fresh read");
+                    self.queue.push_after(csr.name_any(), wait);
+                    return Confirmed::Waits(Answer::Idle);
+                }
                 Err(e) => {
                     let why = format!("cannot confirm the {reason} denial against the management cluster: {e}");
                     tracing::warn!("{why}; the CSR waits");

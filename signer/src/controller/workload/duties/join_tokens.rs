@@ -26,6 +26,7 @@ use kube::{Api, ResourceExt};
 use time::OffsetDateTime;
 
 use crate::controller::kubeadm::token_secret;
+use crate::controller::management::fresh::FreshRead;
 use crate::controller::workload::worker::Worker;
 
 /// How often the Cluster's claimed Machines are looked at for a token to retire while a claim is
@@ -244,12 +245,22 @@ impl Worker {
         let management = &self.shared.management;
         let later = Instant::now() + self.shared.settings.resync;
         let fresh = async {
-            let inventory = management.fresh_inventory(cluster, OffsetDateTime::now_utc()).await?;
+            let inventory = match management.fresh_inventory(cluster, OffsetDateTime::now_utc()).await? {
+                FreshRead::Read(inventory) => inventory,
+                FreshRead::TooSoon(wait) => return Ok(Err(wait)),
+            };
             let templates = management.token_templates(cluster).await?;
-            Ok::<_, crate::controller::management::ApplyError>((inventory, templates))
+            Ok::<_, crate::controller::management::ApplyError>(Ok((inventory, templates)))
         };
         let (inventory, templates) = match fresh.await {
-            Ok(read) => read,
+            Ok(Ok(read)) => read,
+            Ok(Err(wait)) => {
+                // Reads of a Cluster are spaced (management::fresh): looked at once the next may start.
+                for id in ids {
+                    duty.not_before.insert(id.clone(), Instant::now() + wait);
+                }
+                return;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot confirm a join token's retirement; trying again later");
                 for id in ids {
