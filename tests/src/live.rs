@@ -33,8 +33,12 @@ pub const TOKEN: &str = "abcdef.0123456789abcdef";
 
 /// A kube client from a kubeconfig file.
 pub async fn client(kubeconfig: &Path) -> Client {
-    let text = std::fs::read_to_string(kubeconfig).expect("kubeconfig");
-    let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("kubeconfig parses");
+    client_from_kubeconfig(&std::fs::read_to_string(kubeconfig).expect("kubeconfig")).await
+}
+
+/// A client for a kubeconfig's text (a `<cluster>-kubeconfig` Secret's `value`).
+pub async fn client_from_kubeconfig(text: &str) -> Client {
+    let parsed = kube::config::Kubeconfig::from_yaml(text).expect("kubeconfig parses");
     let config = kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default())
         .await
         .expect("kubeconfig config");

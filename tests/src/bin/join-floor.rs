@@ -70,7 +70,7 @@ async fn main() {
             &secret_value(&secrets, &ca_secret, "tls.key").await,
         )
         .expect("the Cluster's CA");
-        let workload = workload_client(&kubeconfig).await;
+        let workload = tests::live::client_from_kubeconfig(&String::from_utf8_lossy(&kubeconfig)).await;
         let join = Arc::new(Join {
             management: management.clone(),
             workload,
@@ -243,15 +243,6 @@ async fn secret_value(secrets: &Api<Secret>, name: &str, key: &str) -> Vec<u8> {
         .and_then(|mut d| d.remove(key))
         .unwrap_or_else(|| panic!("Secret {name} has no {key}"))
         .0
-}
-
-async fn workload_client(kubeconfig: &[u8]) -> Client {
-    let text = String::from_utf8_lossy(kubeconfig);
-    let parsed = kube::config::Kubeconfig::from_yaml(&text).expect("the Cluster's kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default())
-        .await
-        .expect("the Cluster's kubeconfig");
-    Client::try_from(config).expect("workload client")
 }
 
 /// Answers every request on `address` with the one gauge the harness waits for (a thread of its

@@ -104,20 +104,20 @@ impl Worker {
     pub(super) async fn resync_loop(self: Arc<Self>) {
         let mut next = tokio::time::Instant::now() + self.shared.settings.resync;
         loop {
-            tokio::select! {
-                () = tokio::time::sleep_until(next) => next += self.shared.settings.resync,
-                () = self.queue.refill_wanted() => {
-                    for csr in self.csrs.state().iter().filter(|c| needs_us(c)) {
-                        self.enqueue(&csr.name_any());
-                    }
-                    continue;
+            let periodic = tokio::select! {
+                () = tokio::time::sleep_until(next) => {
+                    next += self.shared.settings.resync;
+                    true
                 }
-            }
+                () = self.queue.refill_wanted() => false,
+            };
             let pending: Vec<_> = self.csrs.state().into_iter().filter(|c| needs_us(c)).collect();
-            let live: std::collections::HashSet<String> = pending.iter().filter_map(|c| c.uid()).collect();
-            lock(&self.first_seen).retain(|uid, _| live.contains(uid));
-            lock(&self.attempts).retain(|uid, _| live.contains(uid));
-            lock(&self.finished).retain(|uid, at| live.contains(uid) && at.elapsed() < FINISHED_MEMORY);
+            if periodic {
+                let live: std::collections::HashSet<String> = pending.iter().filter_map(|c| c.uid()).collect();
+                lock(&self.first_seen).retain(|uid, _| live.contains(uid));
+                lock(&self.attempts).retain(|uid, _| live.contains(uid));
+                lock(&self.finished).retain(|uid, at| live.contains(uid) && at.elapsed() < FINISHED_MEMORY);
+            }
             for csr in pending {
                 self.enqueue(&csr.name_any());
             }

@@ -244,28 +244,25 @@ impl Worker {
     async fn retire_tokens(&self, api: &Api<Secret>, cluster: &ClusterView, ids: &[String], duty: &mut TokenDuty) {
         let management = &self.shared.management;
         let later = Instant::now() + self.shared.settings.resync;
-        let fresh = async {
-            let inventory = match management.fresh_inventory(cluster, OffsetDateTime::now_utc()).await? {
-                FreshRead::Read(inventory) => inventory,
-                FreshRead::TooSoon(wait) => return Ok(Err(wait)),
-            };
-            let templates = management.token_templates(cluster).await?;
-            Ok::<_, crate::controller::management::ApplyError>(Ok((inventory, templates)))
+        let hold = |duty: &mut TokenDuty, until: Instant| {
+            for id in ids {
+                duty.not_before.insert(id.clone(), until);
+            }
         };
-        let (inventory, templates) = match fresh.await {
-            Ok(Ok(read)) => read,
-            Ok(Err(wait)) => {
+        let read = match management.fresh_inventory(cluster, OffsetDateTime::now_utc()).await {
+            Ok(FreshRead::Read(inventory)) => management.token_templates(cluster).await.map(|t| (inventory, t)),
+            Ok(FreshRead::TooSoon(wait)) => {
                 // Reads of a Cluster are spaced (management::fresh): looked at once the next may start.
-                for id in ids {
-                    duty.not_before.insert(id.clone(), Instant::now() + wait);
-                }
+                hold(duty, Instant::now() + wait);
                 return;
             }
+            Err(e) => Err(e),
+        };
+        let (inventory, templates) = match read {
+            Ok(read) => read,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot confirm a join token's retirement; trying again later");
-                for id in ids {
-                    duty.not_before.insert(id.clone(), later);
-                }
+                hold(duty, later);
                 return;
             }
         };
