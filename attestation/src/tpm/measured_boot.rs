@@ -5,15 +5,20 @@
 //! node sends is not judged. With one:
 //!
 //! 1. phase 1 must carry `eventLog`; it parses; its replay in the quote's one bank gives the
-//!    quote's `pcrDigest` over the quote's selection (otherwise the log proves nothing);
+//!    quoted values of the PCRs the policy judges (revision 6: the node sends each quoted PCR's
+//!    value in `pcrs`, which must hash to the quote's `pcrDigest`; a PCR the policy does not
+//!    judge, such as a server's PCR 0 measured before its log begins, does not refuse the node;
+//!    without `pcrs`, the whole selection must replay);
 //! 2. the policy is judged on the replayed events ([`super::boot_policy::judge`]), which also
-//!    requires PCRs 4, 7, 8 and 9 quoted;
+//!    requires the PCRs it reads quoted;
 //! 3. phase 2 judges phase 1's log again (the policy may have changed meanwhile) and requires
 //!    its quote to be of the same boot: same selection and `pcrDigest`, same `resetCount` and
 //!    `restartCount`. The AK survives a reboot (its wrapped key is on disk), so without this a
 //!    node could boot the allowed image for phase 1 and another one for phase 2.
 
-use super::boot_policy::{PolicyState, judge};
+use std::collections::BTreeMap;
+
+use super::boot_policy::{PolicyState, judge, judged_pcrs};
 use super::data::TpmData;
 use super::event_log::{HashAlg, parse};
 use super::quote::Quote;
@@ -56,6 +61,34 @@ fn quoted_bank(quote: &Quote) -> Result<(HashAlg, Vec<u32>), Refusal> {
     Ok((alg, bank.pcrs.clone()))
 }
 
+/// The quoted PCRs' values the node sent in `pcrs`, when it sent them for the quote's bank:
+/// they must be every quoted PCR's and hash to the quote's `pcrDigest` (so each is proven).
+fn quoted_values(
+    data: &TpmData,
+    alg: HashAlg,
+    quote: &Quote,
+    selection: &[u32],
+) -> Result<Option<BTreeMap<u32, Vec<u8>>>, Refusal> {
+    let Some(bank) = data.pcrs.get(alg.name()) else {
+        return Ok(None);
+    };
+    let mut values = BTreeMap::new();
+    for (index, value) in bank {
+        let index: u32 = index.parse().map_err(|_| invalid(format!("pcrs: index {index:?}")))?;
+        let value = crate::digest::from_hex(value)
+            .filter(|v| v.len() == alg.size())
+            .ok_or_else(|| invalid(format!("pcrs: the value of PCR {index} is not a {alg} digest")))?;
+        values.insert(index, value);
+    }
+    let sent: Vec<u32> = values.keys().copied().collect();
+    if sent != selection || !quote.pcr_digest_of_bank(alg.tpm_alg_id(), &values) {
+        return Err(invalid(format!(
+            "pcrs: the values sent for PCRs {sent:?} are not the quote's (PCRs {selection:?}, its pcrDigest)"
+        )));
+    }
+    Ok(Some(values))
+}
+
 /// Phase 1 under `state`: the note's words on the boot, or why the CSR is refused.
 pub(super) fn phase_one(state: &PolicyState, data: &TpmData, quote: &Quote) -> Result<String, Refusal> {
     let PolicyState::Loaded { source, policy } = state else {
@@ -71,15 +104,33 @@ pub(super) fn phase_one(state: &PolicyState, data: &TpmData, quote: &Quote) -> R
     };
     let log = parse(bytes).map_err(|e| invalid(format!("eventLog: {e}")))?;
     let (alg, pcrs) = quoted_bank(quote)?;
-    let values = log.replay(alg).map_err(|e| {
+    let judged = judged_pcrs(policy);
+    let replayed = log.replay(alg).map_err(|e| {
         invalid(format!(
             "the event log does not match the quoted PCRs ({e}): a log that does not match the quote proves nothing"
         ))
     })?;
-    if !quote.pcr_digest_of_bank(alg.tpm_alg_id(), &values) {
-        return Err(invalid(format!(
-            "the event log does not match the quoted PCRs: its {alg} replay of PCRs {pcrs:?} does not hash to the quote's pcrDigest, and a log that does not match the quote proves nothing"
-        )));
+    match quoted_values(data, alg, quote, &pcrs)? {
+        // Each quoted PCR's value, proven by the quote: only the PCRs the policy judges must be
+        // the log's (a real server measures PCR 0 before its log begins).
+        Some(quoted) => {
+            for pcr in judged.iter().filter(|p| pcrs.contains(p)) {
+                if replayed.get(pcr) != quoted.get(pcr) {
+                    return Err(invalid(format!(
+                        "the event log does not match the quoted PCRs: its {alg} replay of PCR {pcr}, which the policy judges, is not the quoted value, and a log that does not match the quote proves nothing"
+                    )));
+                }
+            }
+        }
+        // No values sent (a node before revision 6, or a SHA-1 quote): the whole selection must
+        // replay.
+        None => {
+            if !quote.pcr_digest_of_bank(alg.tpm_alg_id(), &replayed) {
+                return Err(invalid(format!(
+                    "the event log does not match the quoted PCRs: its {alg} replay of PCRs {pcrs:?} does not hash to the quote's pcrDigest, and a log that does not match the quote proves nothing (a node that sends each quoted PCR's value in pcrs is held only to the PCRs the policy judges)"
+                )));
+            }
+        }
     }
     let verdict = judge(policy, &log, alg, &pcrs).map_err(|refusal| invalid(refusal.message))?;
     Ok(format!("boot policy {source}: {}", verdict.summary))

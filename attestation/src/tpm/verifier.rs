@@ -452,8 +452,8 @@ fn check_pcrs(data: &TpmData, quote: &Quote) -> Result<(), Refusal> {
         b.iter()
             .map(|(index, value)| {
                 let index: u32 = index.parse().map_err(|_| invalid(format!("pcrs: index {index:?}")))?;
-                let value =
-                    decode_hex(value).ok_or_else(|| invalid(format!("pcrs: value of PCR {index} is not hex")))?;
+                let value = crate::digest::from_hex(value)
+                    .ok_or_else(|| invalid(format!("pcrs: value of PCR {index} is not hex")))?;
                 Ok((index, value))
             })
             .collect::<Result<BTreeMap<u32, Vec<u8>>, Refusal>>()
@@ -473,16 +473,6 @@ fn check_pcrs(data: &TpmData, quote: &Quote) -> Result<(), Refusal> {
         )));
     }
     Ok(())
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || text.len() > 128 {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 impl Verifier for TpmVerifier {

@@ -1,7 +1,9 @@
 use super::*;
 use crate::tpm::boot_policy::BootPolicy;
 use crate::tpm::boot_policy::testlog::{Boot, LogBuilder, certificate, sha256};
-use crate::tpm::event_log::events::{EFI_GLOBAL_VARIABLE, LINUX_INITRD_TAG, LINUX_LOAD_OPTIONS_TAG};
+use crate::tpm::event_log::events::{
+    EFI_GLOBAL_VARIABLE, EFI_IMAGE_SECURITY_DATABASE, LINUX_INITRD_TAG, LINUX_LOAD_OPTIONS_TAG,
+};
 
 const QUOTED: [u32; 7] = [0, 1, 4, 7, 8, 9, 11];
 
@@ -86,6 +88,7 @@ fn secure_boot_off_is_refused_unless_optional() {
         .firmware(0)
         .application(&boot.shim)
         .application(&boot.grub)
+        .grub("grub_cmd: ", "linux /vmlinuz-6.1.0-28-amd64 root=UUID=1234 ro quiet")
         .grub("kernel_cmdline: ", &boot.command_line)
         .grub("grub_cmd: ", "initrd /initrd.img")
         .file("/initrd.img", &boot.initrd)
@@ -100,7 +103,11 @@ fn secure_boot_off_is_refused_unless_optional() {
         .replace("kind: TpmBootPolicy\n", "kind: TpmBootPolicy\nsecureBoot: optional\n");
     assert!(verdict(&optional, &log).is_ok());
     let without = LogBuilder::default().separators(0..=7).application(&boot.kernel);
-    refused(&boot.policy(), &without, &["PCR 7 measures no SecureBoot variable"]);
+    refused(
+        &boot.policy(),
+        &without,
+        &["PCR 7 measures no SecureBoot, PK, KEK, db, dbx variable"],
+    );
 }
 
 #[test]
@@ -168,7 +175,13 @@ fn pcr_4_after_its_separator_holds_the_chain_and_nothing_else() {
         &short,
         &["the last PCR 4 boot application, after 2", "expects more"],
     );
-    let none = LogBuilder::default().variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[1]);
+    let none = LogBuilder::default()
+        .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[1])
+        .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
+        .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", b"dbx")
+        .separators(7..=7);
     let optional = boot.policy().replace("authorities:", "x:").replace("dbx:", "y:");
     let optional: String = optional
         .lines()
@@ -272,7 +285,7 @@ fn a_grub_string_whose_digest_covers_nothing_is_refused() {
 }
 
 /// A real log (testdata/event_logs, from go-attestation and keylime), decoded as the node sends it.
-fn real_log(name: &str) -> EventLog {
+pub(super) fn real_log(name: &str) -> EventLog {
     let path = format!("{}/../testdata/event_logs/{name}", env!("CARGO_MANIFEST_DIR"));
     let bytes = std::fs::read(&path).unwrap();
     let bytes = if name.ends_with(".b64") {
@@ -286,8 +299,9 @@ fn real_log(name: &str) -> EventLog {
 }
 
 /// The policy a real boot shows, read back from its own log: what `kubelet-authenticator
-/// boot-policy` would print for the files that machine booted.
-fn policy_of(log: &EventLog, secure_boot: &str) -> String {
+/// boot-policy` would print for the files that machine booted (PCR 4's applications, grub's
+/// command line, the kernel file grub read and the last file, its initrd).
+pub(super) fn policy_of(log: &EventLog, secure_boot: &str) -> String {
     let hex = |d: &[u8]| crate::digest::hex(d);
     let apps: Vec<String> = log
         .events
@@ -298,16 +312,33 @@ fn policy_of(log: &EventLog, secure_boot: &str) -> String {
         .map(|e| hex(e.digest(HashAlg::Sha256).unwrap()))
         .collect();
     let (kernel, bootloaders) = apps.split_last().unwrap();
-    let command_line = log
+    let grub_text = |prefix: &str| {
+        log.events.iter().filter(|e| e.pcr == 8).find_map(|e| {
+            let text = e.data.strip_suffix(&[0]).unwrap_or(&e.data);
+            text.strip_prefix(prefix.as_bytes())
+                .map(|t| String::from_utf8(t.to_vec()).unwrap())
+        })
+    };
+    let command_line = grub_text("kernel_cmdline: ").unwrap();
+    let kernel_path = grub_text("grub_cmd: linux ")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let files: Vec<&crate::tpm::event_log::Event> = log
         .events
         .iter()
-        .filter(|e| e.pcr == 8)
-        .find_map(|e| grub_string(e, HashAlg::Sha256, "kernel_cmdline: ").ok().flatten())
+        .filter(|e| e.pcr == 9 && e.event_type == event_type::IPL)
+        .collect();
+    let kernel_file = files
+        .iter()
+        .rfind(|e| e.data.strip_suffix(&[0]) == Some(kernel_path.as_bytes()))
+        .map(|e| hex(e.digest(HashAlg::Sha256).unwrap()))
         .unwrap();
-    let initrd = initrd_events(log, HashAlg::Sha256).unwrap();
-    let initrd = hex(initrd.last().unwrap().digest(HashAlg::Sha256).unwrap());
+    let initrd = hex(files.last().unwrap().digest(HashAlg::Sha256).unwrap());
     format!(
-        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n    initrd: {initrd}\n    commandLine: {command_line:?}\n",
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n    kernelFile: {kernel_file}\n    initrd: {initrd}\n    commandLine: {command_line:?}\n",
         bootloaders.join(", ")
     )
 }
@@ -316,6 +347,7 @@ fn policy_of(log: &EventLog, secure_boot: &str) -> String {
 fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
     for (name, secure_boot) in [
         ("keylime_mb_log.b64", "required"),
+        ("keylime_binary_bios_measurements-secureboot", "required"),
         ("coreos_36_shielded_vm_no_secure_boot_eventlog", "optional"),
     ] {
         let log = real_log(name);
@@ -342,3 +374,6 @@ fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
     .message;
     assert!(refused.contains("Secure Boot is off"), "{refused}");
 }
+
+#[path = "judge_forgery_tests.rs"]
+mod forgeries;

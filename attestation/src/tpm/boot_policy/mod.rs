@@ -5,7 +5,8 @@
 //! - This module: the format (a ConfigMap's `policy.yaml`, YAML or JSON), read strictly (unknown
 //!   fields refused, digests checked for length and hex) into a [`BootPolicy`] that exists only
 //!   valid, and [`PolicyState`], how the signer hands a Cluster's policy to the verifier.
-//! - [`judge`]: the rules, pure, on a parsed log.
+//! - [`judge`]: the rules, pure, on a parsed log: each PCR the policy reads judged as a whole
+//!   sequence (revision 6).
 //!
 //! `kubelet-authenticator boot-policy` prints a [`PolicyDocument`] with one image; rollouts list
 //! the old and the new image together.
@@ -18,7 +19,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-pub use judge::{BootRefusal, BootVerdict, judge};
+pub use judge::{BootRefusal, BootVerdict, judge, judged_pcrs};
 
 /// `apiVersion` of format version 1.
 pub const API_VERSION: &str = "node-attestation.cluster.x-k8s.io/v1";
@@ -53,6 +54,11 @@ pub struct ImageDocument {
     pub bootloaders: Vec<String>,
     /// SHA-256 Authenticode digest of the kernel: the last PCR 4 boot application.
     pub kernel: String,
+    /// SHA-256 of the kernel file as grub reads it (its PCR 9 event): where grub loads the
+    /// initrd, the file grub read after the kernel file is the initrd, so a file read (or
+    /// extended) after the initrd cannot pass for it (revision 6; optional for older policies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_file: Option<String>,
     /// SHA-256 of the initrd file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initrd: Option<String>,
@@ -147,6 +153,8 @@ pub struct Image {
     pub bootloaders: Vec<Sha256Digest>,
     /// The kernel's Authenticode digest.
     pub kernel: Sha256Digest,
+    /// The kernel file's SHA-256, when the image gives it.
+    pub kernel_file: Option<Sha256Digest>,
     /// The initrd's digest, when the image gives it.
     pub initrd: Option<Sha256Digest>,
     /// The command line, when the image gives it.
@@ -257,6 +265,12 @@ impl TryFrom<PolicyDocument> for BootPolicy {
                 name: image.name.clone(),
                 bootloaders: digests(&at("bootloaders"), &image.bootloaders)?,
                 kernel: Sha256Digest::from_hex(&image.kernel).map_err(|m| invalid(at("kernel"), m))?,
+                kernel_file: image
+                    .kernel_file
+                    .as_deref()
+                    .map(Sha256Digest::from_hex)
+                    .transpose()
+                    .map_err(|m| invalid(at("kernelFile"), m))?,
                 initrd: image
                     .initrd
                     .as_deref()

@@ -171,6 +171,7 @@ impl Boot {
         LogBuilder::default()
             .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[secure_boot])
             .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
+            .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
             .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
             .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", &self.dbx)
             .measured(4, event_type::EFI_ACTION, b"Calling EFI Application from Boot Option")
