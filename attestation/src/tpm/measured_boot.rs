@@ -197,7 +197,11 @@ mod tests {
 
     /// A quote of `log`'s replay (what a TPM that booted it quotes).
     fn quote_of(log: &[u8], pcrs: &[u32]) -> Quote {
-        let values = parse(log).unwrap().replay(HashAlg::Sha256).unwrap();
+        quote_of_values(&parse(log).unwrap().replay(HashAlg::Sha256).unwrap(), pcrs)
+    }
+
+    /// A quote of these PCR values.
+    fn quote_of_values(values: &BTreeMap<u32, Vec<u8>>, pcrs: &[u32]) -> Quote {
         let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
         for pcr in pcrs {
             ctx.update(&values[pcr]);
@@ -258,6 +262,62 @@ mod tests {
         .unwrap_err();
         assert!(
             message.contains("none of the policy's kernels (image debian-12)"),
+            "{message}"
+        );
+    }
+
+    /// DATA carrying each quoted PCR's value, as a revision 6 node sends it.
+    fn with_values(log: Vec<u8>, values: &BTreeMap<u32, Vec<u8>>, pcrs: &[u32]) -> TpmData {
+        let bank = pcrs
+            .iter()
+            .map(|p| (p.to_string(), crate::digest::hex(&values[p])))
+            .collect();
+        TpmData {
+            pcrs: BTreeMap::from([("sha256".to_owned(), bank)]),
+            ..data(Some(log))
+        }
+    }
+
+    /// An HPE ProLiant DL160 Gen10 measures PCR 0 before its log begins: a PCR no policy judges
+    /// does not refuse the node when it sends each quoted PCR's value; the same in PCR 4 does.
+    #[test]
+    fn only_the_pcrs_the_policy_judges_must_replay() {
+        let boot = Boot::default();
+        let state = loaded(&boot);
+        let log = boot.through_grub().bytes();
+        let replayed = parse(&log).unwrap().replay(HashAlg::Sha256).unwrap();
+        let unlogged = |pcr: u32| {
+            let mut values = replayed.clone();
+            let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+            ctx.update(&values[&pcr]);
+            ctx.update(&[0x5a; 32]);
+            values.insert(pcr, ctx.finish().as_ref().to_vec());
+            values
+        };
+        let pcr0 = unlogged(0);
+        let quote = quote_of_values(&pcr0, &QUOTED);
+        let note = phase_one(&state, &with_values(log.clone(), &pcr0, &QUOTED), &quote).unwrap();
+        assert!(note.starts_with("boot policy team-a/boot: Secure Boot on"), "{note}");
+        // A node that does not send the values is held to the whole selection.
+        let (_, message) = phase_one(&state, &data(Some(log.clone())), &quote).unwrap_err();
+        assert!(message.contains("does not hash to the quote's pcrDigest"), "{message}");
+
+        let pcr4 = unlogged(4);
+        let quote = quote_of_values(&pcr4, &QUOTED);
+        let (reason, message) = phase_one(&state, &with_values(log.clone(), &pcr4, &QUOTED), &quote).unwrap_err();
+        assert_eq!(reason, DenyReason::AttestationInvalid);
+        assert!(
+            message.contains("replay of PCR 4, which the policy judges"),
+            "{message}"
+        );
+
+        // Values that are not the quote's prove nothing.
+        let quote = quote_of_values(&pcr0, &QUOTED);
+        let (_, message) = phase_one(&state, &with_values(log.clone(), &replayed, &QUOTED), &quote).unwrap_err();
+        assert!(message.starts_with("pcrs: the values sent"), "{message}");
+        let (_, message) = phase_one(&state, &with_values(log, &pcr0, &[0, 4, 7, 8, 9]), &quote).unwrap_err();
+        assert!(
+            message.starts_with("pcrs: the values sent for PCRs [0, 4, 7, 8, 9]"),
             "{message}"
         );
     }

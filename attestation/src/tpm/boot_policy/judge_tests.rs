@@ -377,3 +377,208 @@ fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
 
 #[path = "judge_forgery_tests.rs"]
 mod forgeries;
+
+/// UTF-16LE with its NUL: systemd-boot's and the firmware's load options.
+fn utf16(text: &str) -> Vec<u8> {
+    text.encode_utf16().flat_map(u16::to_le_bytes).chain([0, 0]).collect()
+}
+
+fn policy_with(boot: &Boot, bootloaders: &[&[u8]], command_line: &str) -> String {
+    let hex = |d: &[u8]| crate::digest::hex(d);
+    format!(
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nimages:\n  - name: image\n    bootloaders: [{}]\n    kernel: {}\n    initrd: {}\n    commandLine: \"{command_line}\"\n",
+        bootloaders.iter().map(|d| hex(d)).collect::<Vec<_>>().join(", "),
+        hex(&boot.kernel),
+        hex(&boot.initrd),
+    )
+}
+
+#[test]
+fn rhel_family_grub_forms_are_read() {
+    let boot = Boot::default();
+    let line = "BOOT_IMAGE=(hd0,gpt2)/vmlinuz-4.18.0-553.el8_10.x86_64 root=/dev/mapper/rhel-root ro";
+    let log = boot
+        .firmware(1)
+        .application(&boot.shim)
+        .application(&boot.grub)
+        .grub(
+            "grub_cmd ",
+            "linuxefi (hd0,gpt2)/vmlinuz-4.18.0-553.el8_10.x86_64 root=/dev/mapper/rhel-root ro",
+        )
+        .grub("grub_kernel_cmdline ", line)
+        .file("(hd0,gpt2)/vmlinuz-4.18.0-553.el8_10.x86_64", &sha256(b"vmlinuz file"))
+        .application(&boot.kernel)
+        .grub(
+            "grub_cmd ",
+            "initrdefi (hd0,gpt2)/initramfs-4.18.0-553.el8_10.x86_64.img",
+        )
+        .file("(hd0,gpt2)/initramfs-4.18.0-553.el8_10.x86_64.img", &boot.initrd);
+    let policy = policy_with(&boot, &[&boot.shim, &boot.grub], line);
+    let summary = verdict(&policy, &log).unwrap().summary;
+    assert!(
+        summary.ends_with("(3 boot applications, command line, initrd)"),
+        "{summary}"
+    );
+    let other = policy_with(&boot, &[&boot.shim, &boot.grub], "root=/dev/evil ro");
+    refused(
+        &other,
+        &log,
+        &["(PCR 8, EV_IPL): command line", "root=/dev/mapper/rhel-root"],
+    );
+    // A rewritten legacy string is refused like an upstream one.
+    let forged = boot
+        .firmware(1)
+        .application(&boot.shim)
+        .application(&boot.grub)
+        .grub("grub_cmd ", "linuxefi /vmlinuz root=/dev/sda")
+        .raw(
+            8,
+            event_type::IPL,
+            sha256(b"init=/bin/sh"),
+            format!("grub_kernel_cmdline {line}\0").into_bytes(),
+        )
+        .application(&boot.kernel);
+    refused(
+        &policy,
+        &forged,
+        &["(PCR 8, EV_IPL): its digest does not cover its text"],
+    );
+}
+
+#[test]
+fn systemd_boot_and_the_linux_stub_are_read() {
+    let boot = Boot::default();
+    let sd_boot = sha256(b"systemd-bootx64.efi");
+    let line = "root=UUID=1234 ro quiet";
+    let tags = |log: LogBuilder, options: &str, initrd: &[u8]| {
+        log.stub(
+            LINUX_LOAD_OPTIONS_TAG,
+            "LOADED_IMAGE::LoadOptions",
+            sha256(&utf16(options)),
+        )
+        .stub(LINUX_INITRD_TAG, "Linux initrd", initrd.to_vec())
+    };
+    let booted = |options: &str| {
+        boot.firmware(1)
+            .application(&sd_boot)
+            .measured(8, event_type::IPL, &utf16(options))
+            .application(&boot.kernel)
+    };
+    let policy = policy_with(&boot, &[&sd_boot], line);
+    let summary = verdict(&policy, &tags(booted(line), line, &boot.initrd))
+        .unwrap()
+        .summary;
+    assert!(
+        summary.ends_with("(2 boot applications, command line, initrd)"),
+        "{summary}"
+    );
+    // An older kernel: systemd-boot's PCR 8 options alone.
+    let no_initrd = policy
+        .lines()
+        .filter(|l| !l.contains("initrd"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>();
+    assert!(verdict(&no_initrd, &booted(line)).is_ok());
+    refused(&policy, &booted(line), &["no initrd is measured"]);
+    refused(
+        &policy,
+        &tags(booted("root=UUID=1234 ro init=/bin/sh"), line, &boot.initrd),
+        &["(PCR 8, EV_IPL): command line \"root=UUID=1234 ro init=/bin/sh\""],
+    );
+    refused(
+        &policy,
+        &tags(booted(line), line, &boot.initrd).measured(8, event_type::IPL, &utf16(line)),
+        &["systemd-boot's load options measured a second time"],
+    );
+    refused(
+        &policy,
+        &tags(booted(line), line, &boot.initrd).stub(LINUX_INITRD_TAG, "Linux initrd", boot.initrd.clone()),
+        &["(PCR 9, EV_EVENT_TAG): the Linux EFI stub's initrd measured a second time"],
+    );
+    refused(
+        &policy,
+        &tags(booted(line), line, &boot.initrd).file("/evil", &sha256(b"evil")),
+        &[
+            "(PCR 9, EV_IPL): a file read in PCR 9",
+            "without grub's commands in PCR 8",
+        ],
+    );
+    // grub's strings and systemd-boot's options are two boot paths.
+    refused(
+        &policy,
+        &tags(booted(line).grub("grub_cmd: ", "echo"), line, &boot.initrd),
+        &["systemd-boot's load options in a PCR 8 that grub measured"],
+    );
+
+    // A unified kernel image started by the firmware: the stub's PCR 9 events alone.
+    let uki = sha256(b"uki.efi");
+    let log = tags(
+        boot.firmware(1).application(&boot.shim).application(&uki),
+        line,
+        &boot.initrd,
+    );
+    let policy = policy_with(
+        &Boot {
+            kernel: uki.clone(),
+            ..Boot::default()
+        },
+        &[&boot.shim],
+        line,
+    );
+    assert!(verdict(&policy, &log).is_ok());
+
+    // grub booting a kernel whose stub measures too: both agree with the image.
+    let both = tags(
+        boot.through_grub(),
+        &format!("BOOT_IMAGE={}", boot.command_line),
+        &boot.initrd,
+    );
+    assert!(verdict(&boot.policy(), &both).is_ok());
+    let evil_stub = tags(
+        boot.through_grub(),
+        &format!("BOOT_IMAGE={}", boot.command_line),
+        &sha256(b"evil"),
+    );
+    refused(&boot.policy(), &evil_stub, &["(PCR 9, EV_EVENT_TAG): initrd sha256"]);
+    // A file grub reads after the stub ran is no step of either.
+    refused(
+        &boot.policy(),
+        &both.file("/late", &sha256(b"late")),
+        &["a file read in PCR 9 after the Linux EFI stub ran"],
+    );
+}
+
+#[test]
+fn an_error_separator_or_one_typed_elsewhere_is_refused() {
+    let boot = Boot::default();
+    let error = boot
+        .firmware(1)
+        .raw(4, event_type::SEPARATOR, sha256(&[0xff; 4]), vec![0xff; 4]);
+    // The firmware's separator in PCR 4 is the first with the value: here the normal one, so
+    // the error one is a second separator.
+    refused(
+        &boot.policy(),
+        &error,
+        &["(PCR 4, EV_SEPARATOR): a second separator in PCR 4"],
+    );
+    let only_error = LogBuilder::default()
+        .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[1])
+        .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
+        .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", &boot.dbx)
+        .raw(7, event_type::SEPARATOR, sha256(&[0xff; 4]), vec![0xff; 4]);
+    refused(
+        &boot.policy(),
+        &only_error,
+        &["(PCR 7, EV_SEPARATOR): the firmware logged an error separator"],
+    );
+    let mislabelled = boot
+        .firmware(1)
+        .raw(4, event_type::SEPARATOR, sha256(b"not a separator"), vec![0; 4]);
+    refused(
+        &boot.policy(),
+        &mislabelled,
+        &["(PCR 4, EV_SEPARATOR): a second separator in PCR 4"],
+    );
+}
