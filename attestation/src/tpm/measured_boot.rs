@@ -39,6 +39,9 @@ pub(super) fn held(state: &PolicyState) -> Option<String> {
         PolicyState::Invalid { source, message } => Some(format!(
             "tpm/v1: the Cluster's boot policy (ConfigMap {source}) is unusable: {message}; its tpm/v1 CSRs wait, never approved without it, until the ConfigMap is fixed"
         )),
+        PolicyState::Required => Some(
+            "tpm/v1: the signer requires a boot policy of every tpm/v1 Cluster (--tpm-require-boot-policy), and this Cluster names none (annotation cluster.x-k8s.io/kubelet-tpm-boot-policy) while the signer has no --tpm-boot-policy default: its tpm/v1 CSRs wait, never approved, until it names one".to_owned(),
+        ),
         PolicyState::None | PolicyState::Loaded { .. } => None,
     }
 }
@@ -332,6 +335,11 @@ mod tests {
         let garbage = phase_one(&PolicyState::None, &data(Some(vec![1, 2])), &quote).unwrap();
         assert!(garbage.contains("not judged"), "{garbage}");
         assert_eq!(held(&PolicyState::None), None);
+        let required = held(&PolicyState::Required).unwrap();
+        assert!(
+            required.contains("--tpm-require-boot-policy") && required.contains("never approved"),
+            "{required}"
+        );
         let unread = held(&PolicyState::named("team-a", Some("boot"))).unwrap();
         assert!(unread.contains("team-a/boot"), "{unread}");
         let invalid = held(&PolicyState::Invalid {

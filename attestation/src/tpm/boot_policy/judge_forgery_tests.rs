@@ -4,7 +4,7 @@
 //! Then a property over three real boots: no event of a judged PCR may be relabelled,
 //! rewritten, or inserted without a refusal.
 
-use super::{QUOTED, policy_of, real_log};
+use super::{QUOTED, REAL_LOGS, own_policy, policy_of, real_log};
 use crate::tpm::boot_policy::testlog::sha256;
 use crate::tpm::boot_policy::{BootPolicy, judge};
 use crate::tpm::event_log::events::encode::variable_data;
@@ -410,7 +410,7 @@ fn before_pcr4_separator(log: &EventLog, event: &Event) -> bool {
             .any(|e| e.pcr == 4 && e.event_type == event_type::SEPARATOR && e.index > event.index)
 }
 
-/// Any event of a judged PCR relabelled, rewritten or inserted is refused, for three real boots
+/// Any event of a judged PCR relabelled, rewritten or inserted is refused, for every real boot
 /// (the replay stays the same: only the log's words change, or an extend is added).
 #[test]
 fn no_event_of_a_judged_pcr_can_be_relabelled_rewritten_or_inserted() {
@@ -420,13 +420,11 @@ fn no_event_of_a_judged_pcr_can_be_relabelled_rewritten_or_inserted() {
         event_type::OMIT_BOOT_DEVICE_EVENTS,
     ];
     let mut tried = 0;
-    for (name, secure_boot) in [
-        (RHEL9, "required"),
-        ("keylime_mb_log.b64", "required"),
-        ("coreos_36_shielded_vm_no_secure_boot_eventlog", "optional"),
-    ] {
+    for name in REAL_LOGS {
         let real = real_log(name);
-        let policy = policy_of(&real, secure_boot);
+        let Some(policy) = own_policy(&real) else {
+            continue;
+        };
         assert!(verdict(&policy, &real).is_ok(), "{name}");
         let judged = crate::tpm::boot_policy::judged_pcrs(&BootPolicy::parse(&policy).unwrap());
         for i in 0..real.events.len() {
@@ -488,7 +486,11 @@ fn no_event_of_a_judged_pcr_can_be_relabelled_rewritten_or_inserted() {
                     secure_boot_variable(1),
                 ),
             ];
-            let last = real.events.iter().rposition(|e| e.pcr == pcr).unwrap();
+            let last = real
+                .events
+                .iter()
+                .rposition(|e| e.pcr == pcr)
+                .unwrap_or(real.events.len() - 1);
             for at in [last + 1, real.events.len()] {
                 for new in &candidates {
                     let log = inserted(&real, at, new.clone());
@@ -502,7 +504,7 @@ fn no_event_of_a_judged_pcr_can_be_relabelled_rewritten_or_inserted() {
             }
         }
     }
-    assert!(tried > 2000, "{tried} mutations");
+    assert!(tried > 10_000, "{tried} mutations");
 }
 
 /// The PCR 9 tagged events of a stub-only boot: the stub's, each once, nothing else.

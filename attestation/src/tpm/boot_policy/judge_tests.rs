@@ -188,7 +188,7 @@ fn pcr_4_after_its_separator_holds_the_chain_and_nothing_else() {
         .filter(|l| !l.starts_with("x:") && !l.starts_with("y:"))
         .map(|l| format!("{l}\n"))
         .collect();
-    refused(&optional, &none, &["PCR 4 has no separator"]);
+    refused(&optional, &none, &["PCR 4 holds no boot application"]);
 }
 
 #[test]
@@ -298,49 +298,160 @@ pub(super) fn real_log(name: &str) -> EventLog {
     crate::tpm::event_log::parse(&bytes).unwrap()
 }
 
+/// The text of an event's data without its NUL.
+fn text_of(event: &crate::tpm::event_log::Event) -> String {
+    String::from_utf8_lossy(event.data.strip_suffix(&[0]).unwrap_or(&event.data)).into_owned()
+}
+
 /// The policy a real boot shows, read back from its own log: what `kubelet-authenticator
-/// boot-policy` would print for the files that machine booted (PCR 4's applications, grub's
-/// command line, the kernel file grub read and the last file, its initrd).
-pub(super) fn policy_of(log: &EventLog, secure_boot: &str) -> String {
+/// boot-policy` would print for the files that machine booted, whatever its boot path (PCR 4's
+/// applications; grub's, RHEL-family grub's or systemd-boot's command line; the kernel file grub
+/// read; grub's last file or the stub's initrd). `None` when PCR 4 ran no application.
+pub(super) fn own_policy(log: &EventLog) -> Option<String> {
     let hex = |d: &[u8]| crate::digest::hex(d);
+    let sha256 = |e: &crate::tpm::event_log::Event| hex(e.digest(HashAlg::Sha256).unwrap());
+    let separated = log
+        .events
+        .iter()
+        .any(|e| e.pcr == 4 && e.event_type == event_type::SEPARATOR);
     let apps: Vec<String> = log
         .events
         .iter()
         .filter(|e| e.pcr == 4)
-        .skip_while(|e| e.event_type != event_type::SEPARATOR)
+        .skip_while(|e| separated && e.event_type != event_type::SEPARATOR)
         .filter(|e| e.event_type == event_type::EFI_BOOT_SERVICES_APPLICATION)
-        .map(|e| hex(e.digest(HashAlg::Sha256).unwrap()))
+        .map(sha256)
         .collect();
-    let (kernel, bootloaders) = apps.split_last().unwrap();
-    let grub_text = |prefix: &str| {
-        log.events.iter().filter(|e| e.pcr == 8).find_map(|e| {
-            let text = e.data.strip_suffix(&[0]).unwrap_or(&e.data);
-            text.strip_prefix(prefix.as_bytes())
-                .map(|t| String::from_utf8(t.to_vec()).unwrap())
-        })
+    let (kernel, bootloaders) = apps.split_last()?;
+    let secure_boot = match crate::tpm::event_log::secure_boot(log, HashAlg::Sha256).unwrap() {
+        Some(true) => "required",
+        _ => "optional",
     };
-    let command_line = grub_text("kernel_cmdline: ").unwrap();
-    let kernel_path = grub_text("grub_cmd: linux ")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_owned();
+    let pcr8: Vec<String> = log.events.iter().filter(|e| e.pcr == 8).map(text_of).collect();
+    let after = |prefixes: &[&str]| {
+        pcr8.iter()
+            .find_map(|t| prefixes.iter().find_map(|p| t.strip_prefix(p)).map(str::to_owned))
+    };
+    let sd_boot = log
+        .events
+        .iter()
+        .find(|e| e.pcr == 8 && e.data.get(1) == Some(&0))
+        .map(|e| {
+            let mut data = e.data.clone();
+            if data.len() % 2 == 1 {
+                data.push(0);
+            }
+            let units: Vec<u16> = data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
+            String::from_utf16(&units).unwrap().trim_end_matches('\0').to_owned()
+        });
+    let command_line = after(&["kernel_cmdline: ", "grub_kernel_cmdline "]).or(sd_boot);
+    let kernel_path = after(&["grub_cmd: linux ", "grub_cmd linux ", "grub_cmd linuxefi "])
+        .map(|t| t.split_whitespace().next().unwrap().to_owned());
     let files: Vec<&crate::tpm::event_log::Event> = log
         .events
         .iter()
         .filter(|e| e.pcr == 9 && e.event_type == event_type::IPL)
         .collect();
-    let kernel_file = files
+    let kernel_file = kernel_path.and_then(|path| {
+        files
+            .iter()
+            .rfind(|e| text_of(e) == path || text_of(e) == "grub_linuxefi Kernel")
+            .map(|e| sha256(e))
+    });
+    let grub_initrd = pcr8
         .iter()
-        .rfind(|e| e.data.strip_suffix(&[0]) == Some(kernel_path.as_bytes()))
-        .map(|e| hex(e.digest(HashAlg::Sha256).unwrap()))
-        .unwrap();
-    let initrd = hex(files.last().unwrap().digest(HashAlg::Sha256).unwrap());
-    format!(
-        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n    kernelFile: {kernel_file}\n    initrd: {initrd}\n    commandLine: {command_line:?}\n",
+        .any(|t| t.starts_with("grub_cmd: initrd ") || t.starts_with("grub_cmd initrd"));
+    let stub_initrd = log
+        .events
+        .iter()
+        .find(|e| {
+            e.pcr == 9 && e.event_type == event_type::EVENT_TAG && e.data.starts_with(&0x8F3B_22ECu32.to_le_bytes())
+        })
+        .map(sha256);
+    let initrd = if grub_initrd {
+        files.last().map(|e| sha256(e))
+    } else {
+        stub_initrd
+    };
+    let mut image = format!(
+        "  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n",
         bootloaders.join(", ")
-    )
+    );
+    if let Some(file) = kernel_file {
+        image.push_str(&format!("    kernelFile: {file}\n"));
+    }
+    if let Some(initrd) = initrd {
+        image.push_str(&format!("    initrd: {initrd}\n"));
+    }
+    if let Some(line) = command_line {
+        image.push_str(&format!("    commandLine: {line:?}\n"));
+    }
+    Some(format!(
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n{image}"
+    ))
+}
+
+/// [`own_policy`] with Secure Boot as given.
+pub(super) fn policy_of(log: &EventLog, secure_boot: &str) -> String {
+    let policy = own_policy(log).unwrap();
+    let at = policy.find("secureBoot: ").unwrap();
+    let end = at + policy[at..].find('\n').unwrap();
+    format!("{}secureBoot: {secure_boot}{}", &policy[..at], &policy[end..])
+}
+
+/// Every real UEFI log of `testdata/event_logs` with a SHA-256 bank.
+pub(super) const REAL_LOGS: [&str; 15] = [
+    "keylime_mb_log.b64",
+    "keylime_binary_bios_measurements-secureboot",
+    "keylime_binary_bios_measurements",
+    "coreos_36_shielded_vm_no_secure_boot_eventlog",
+    "ubuntu_2104_shielded_vm_no_secure_boot_eventlog",
+    "sb_cert_eventlog",
+    "crypto_agile_eventlog",
+    "go_tpm_tools_arch_linux_workstation_systemd_boot_eventlog",
+    "go_tpm_tools_gdc_host_ubuntu_efistub_eventlog",
+    "go_tpm_tools_ubuntu_2404_amd_sevsnp_eventlog",
+    "go_tpm_tools_rhel8_gce_eventlog",
+    "keylime_uefi_eventlog_rhcos_eventlog",
+    "keylime_uefi_eventlog_rhel84_netboot_eventlog",
+    "tpm2_tools_rhel9_moklisttrusted_eventlog",
+    "tpm2_tools_fedora37_sd_boot_eventlog",
+];
+
+#[test]
+fn every_real_boot_matches_the_policy_its_own_measurements_make() {
+    let mut accepted = Vec::new();
+    for name in REAL_LOGS {
+        let log = real_log(name);
+        let Some(text) = own_policy(&log) else {
+            // The firmware logged no boot application: no image can be named.
+            let message = verdict_on(&policy_of(&real_log(REAL_LOGS[0]), "optional"), &log).unwrap_err();
+            assert!(message.contains("PCR 4 holds no boot application"), "{name}: {message}");
+            continue;
+        };
+        let policy = BootPolicy::parse(&text).unwrap();
+        let verdict = judge(&policy, &log, HashAlg::Sha256, &QUOTED);
+        assert!(verdict.is_ok(), "{name}: {verdict:?}\n{text}");
+        accepted.push(name);
+        if text.contains("commandLine") {
+            let other = BootPolicy::parse(&text.replace("commandLine: \"", "commandLine: \"init=/bin/sh ")).unwrap();
+            let message = judge(&other, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
+            assert!(
+                message.contains("command line") || message.contains("load options"),
+                "{name}: {message}"
+            );
+        }
+        if text.contains("secureBoot: optional") {
+            let required = BootPolicy::parse(&text.replace("secureBoot: optional", "secureBoot: required")).unwrap();
+            let message = judge(&required, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
+            assert!(message.contains("Secure Boot is off"), "{name}: {message}");
+        }
+    }
+    assert_eq!(accepted.len(), REAL_LOGS.len() - 1, "{accepted:?}");
+}
+
+fn verdict_on(policy: &str, log: &EventLog) -> Result<BootVerdict, String> {
+    judge(&BootPolicy::parse(policy).unwrap(), log, HashAlg::Sha256, &QUOTED).map_err(|r| r.message)
 }
 
 #[test]

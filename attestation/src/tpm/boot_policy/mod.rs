@@ -179,6 +179,19 @@ pub struct BootPolicy {
     pub dbx: Vec<Sha256Digest>,
     /// The images, at least one, names unique.
     pub images: Vec<Image>,
+    /// Secure Boot is required by the signer's floor (`--tpm-require-secure-boot`), whatever
+    /// the policy says: refusals name the floor rather than the policy's field.
+    pub secure_boot_floor: bool,
+}
+
+impl BootPolicy {
+    /// This policy under the signer's floor: Secure Boot required, whatever the Cluster's
+    /// policy says (a Cluster's policy may tighten the floor, never loosen it).
+    pub fn with_secure_boot_floor(mut self) -> Self {
+        self.secure_boot = SecureBoot::Required;
+        self.secure_boot_floor = true;
+        self
+    }
 }
 
 /// Why a policy text is not a policy.
@@ -285,6 +298,7 @@ impl TryFrom<PolicyDocument> for BootPolicy {
             authorities: digests("authorities", &document.authorities)?,
             dbx: digests("dbx", &document.dbx)?,
             images,
+            secure_boot_floor: false,
         })
     }
 }
@@ -308,6 +322,10 @@ pub enum PolicyState {
         /// The policy.
         policy: Arc<BootPolicy>,
     },
+    /// The signer requires a policy of every `tpm/v1` Cluster (`--tpm-require-boot-policy`) and
+    /// this one names none (no annotation, no signer default): its `tpm/v1` CSRs wait, never
+    /// approved.
+    Required,
     /// The ConfigMap is missing, has no `policy.yaml`, or holds no valid policy: the Cluster's
     /// `tpm/v1` CSRs wait (never approved without the policy the Cluster asked for).
     Invalid {
@@ -333,7 +351,7 @@ impl PolicyState {
     /// The ConfigMap this state came from, if any.
     pub fn source(&self) -> Option<&str> {
         match self {
-            Self::None => None,
+            Self::None | Self::Required => None,
             Self::Unresolved { source } | Self::Loaded { source, .. } | Self::Invalid { source, .. } => Some(source),
         }
     }

@@ -5,6 +5,8 @@
 //!   profile gives PCR 4 (an action whose digest covers its text, a boot application the
 //!   firmware ran before handing over, as the Lenovo laptop of
 //!   `keylime_binary_bios_measurements` does).
+//! - Without any separator (GCE's 2019 firmware, `sb_cert_eventlog`) the whole PCR is judged as
+//!   what follows one.
 //! - After it: `EV_EFI_BOOT_SERVICES_APPLICATION` digests that are one image's bootloaders then
 //!   its kernel, no more and no fewer, and the firmware's boot-attempt actions. One tolerated
 //!   quirk: the same application measured twice in a row (RHEL-family grub has shim verify the
@@ -35,7 +37,7 @@ pub(super) fn judge<'p>(
     alg: HashAlg,
     mut candidates: Vec<&'p Image>,
 ) -> Result<(Vec<&'p Image>, usize), BootRefusal> {
-    let split = separators::split(log, alg, 4)?;
+    let split = separators::split(log, alg, 4, separators::Missing::JudgedWhole)?;
     for event in &split.before {
         if !FIRMWARE_TYPES.contains(&event.event_type) {
             return Err(refuse(format!(

@@ -6,8 +6,8 @@
 //! | path | PCR 8 | PCR 9 |
 //! |---|---|---|
 //! | grub (Debian, Ubuntu, RHEL 9, Fedora) | `grub_cmd: <command>`, `kernel_cmdline: <line>`; the digest covers the text after the prefix | every file grub read (`EV_IPL` naming it; the digest is the file's) |
-//! | RHEL-family grub (RHEL, Rocky, Alma 8) | `grub_cmd <command>`, `grub_kernel_cmdline <line>` | the same |
-//! | systemd-boot | its load options, UTF-16LE with their NUL, covered by the digest | nothing of its own |
+//! | RHEL-family grub (RHEL, Rocky, Alma 8, RHCOS 8) | `grub_cmd <command>` (the digest covers the command and its NUL), `grub_kernel_cmdline <line>` | `grub_linuxefi Kernel`, `grub_linuxefi Initrd` (the files' digests) |
+//! | systemd-boot (before 251; later ones measure into PCR 12, not read) | its load options, UTF-16LE with their NUL, covered by the digest | nothing of its own |
 //! | the Linux EFI stub (kernels from 5.19, UKIs) | nothing | `EV_EVENT_TAG` load options and initrd, after any grub file |
 //!
 //! Refused: any other event in PCR 8 or 9; a grub string whose digest does not cover its text
@@ -271,8 +271,13 @@ fn pcr8_step(event: &Event, alg: HashAlg) -> Result<Pcr8Step<'_>, BootRefusal> {
         let Some(string) = text.strip_prefix(prefix.as_bytes()) else {
             continue;
         };
-        // grub hashes the string alone; a digest of the whole text covers it too.
-        let covered = digest == alg.digest(string).as_slice() || separators::covers(event, alg);
+        // Upstream grub hashes the string alone; RHEL-family grub's `grub_cmd ` the string and
+        // its NUL (every command of `go_tpm_tools_rhel8_gce_eventlog`); a digest of the whole
+        // text covers it too.
+        let with_nul = [string, &[0]].concat();
+        let covered = digest == alg.digest(string).as_slice()
+            || (prefix == "grub_cmd " && digest == alg.digest(&with_nul).as_slice())
+            || separators::covers(event, alg);
         if !covered {
             return Err(refuse(format!(
                 "{}: its digest does not cover its text {:?}: not the string grub measured",
@@ -292,6 +297,17 @@ fn pcr8_step(event: &Event, alg: HashAlg) -> Result<Pcr8Step<'_>, BootRefusal> {
         && separators::covers(event, alg)
     {
         return Ok(Pcr8Step::LoadOptions { event, text: options });
+    }
+    // Older systemd-boot logs its options one byte short of the NUL it measured
+    // (`go_tpm_tools_arch_linux_workstation_systemd_boot_eventlog`): the digest covers the data
+    // and one more zero byte.
+    if event.data.len() % 2 == 1 && event.data.last() == Some(&0) {
+        let measured = [event.data.as_slice(), &[0]].concat();
+        if let Some(options) = utf16_load_options(&measured)
+            && digest == alg.digest(&measured).as_slice()
+        {
+            return Ok(Pcr8Step::LoadOptions { event, text: options });
+        }
     }
     Err(refuse(format!(
         "{}: neither a grub string (grub_cmd, kernel_cmdline) nor systemd-boot's load options whose digest covers them",

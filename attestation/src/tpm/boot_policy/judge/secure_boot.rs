@@ -1,7 +1,8 @@
 //! PCR 7, as a whole: the firmware's Secure Boot configuration up to its separator, then only
 //! the authorities that verified each boot application.
 //!
-//! - Before the separator every event is a variable whose digest covers it:
+//! - Before the separator every event is a variable whose digest covers it (or one of the
+//!   firmware's two PCR 7 actions, "DMA Protection Disabled" and "UEFI Debug Mode"):
 //!   `EV_EFI_VARIABLE_DRIVER_CONFIG` (`SecureBoot`, `PK`, `KEK`, `db`, `dbx` each exactly once,
 //!   as the PC Client profile requires, and any other) or an `EV_EFI_VARIABLE_AUTHORITY` of
 //!   `db` (a driver or option ROM the firmware verified first).
@@ -33,7 +34,7 @@ pub(super) fn reads(policy: &BootPolicy) -> bool {
 
 /// Judges PCR 7 against `policy`; the words for the verdict's summary.
 pub(super) fn judge(policy: &BootPolicy, log: &EventLog, alg: HashAlg) -> Result<Vec<String>, BootRefusal> {
-    let split = separators::split(log, alg, 7)?;
+    let split = separators::split(log, alg, 7, separators::Missing::Refused)?;
     let mut secure_boot = None;
     let mut dbx = None;
     let mut measured: Vec<&str> = Vec::new();
@@ -41,6 +42,10 @@ pub(super) fn judge(policy: &BootPolicy, log: &EventLog, alg: HashAlg) -> Result
         let variable = match event.event_type {
             event_type::EFI_VARIABLE_DRIVER_CONFIG | event_type::EFI_VARIABLE_AUTHORITY => {
                 efi_variable(event, alg)?.ok_or_else(|| unexplained(event, "before its separator"))?
+            }
+            event_type::EFI_ACTION if separators::covers(event, alg) => {
+                firmware_action(policy, event)?;
+                continue;
             }
             _ => return Err(unexplained(event, "before its separator")),
         };
@@ -96,19 +101,24 @@ pub(super) fn judge(policy: &BootPolicy, log: &EventLog, alg: HashAlg) -> Result
         efi_variable(event, alg)?;
     }
     let mut checked = Vec::new();
+    let requires = if policy.secure_boot_floor {
+        "the signer's floor requires it (--tpm-require-secure-boot)"
+    } else {
+        "the policy requires it (secureBoot: required)"
+    };
     if policy.secure_boot == SecureBoot::Required {
         match secure_boot {
             Some((_, data)) if data == [1] => checked.push("Secure Boot on".to_owned()),
             Some((event, data)) => {
                 return Err(refuse(format!(
-                    "{}: SecureBoot is {data:?}, not 1: Secure Boot is off and the policy requires it (secureBoot: required)",
+                    "{}: SecureBoot is {data:?}, not 1: Secure Boot is off and {requires}",
                     event.describe()
                 )));
             }
             None => {
-                return Err(refuse(
-                    "PCR 7 measures no SecureBoot variable before its separator: Secure Boot cannot be shown on, and the policy requires it (secureBoot: required)",
-                ));
+                return Err(refuse(format!(
+                    "PCR 7 measures no SecureBoot variable before its separator: Secure Boot cannot be shown on, and {requires}"
+                )));
             }
         }
     }
@@ -139,6 +149,22 @@ pub(super) fn judge(policy: &BootPolicy, log: &EventLog, alg: HashAlg) -> Result
         checked.push(format!("{count} authorities allowed"));
     }
     Ok(checked)
+}
+
+/// The actions the firmware logs in PCR 7 before its separator (PC Client PFP 1.05, 3.3.4.8;
+/// EDK2's `Tcg2Dxe`): DMA protection off (`go_tpm_tools_gdc_host_ubuntu_efistub_eventlog`) is
+/// the platform's configuration and is allowed; the firmware in debug mode does not enforce what
+/// Secure Boot promises, so a policy requiring Secure Boot refuses it.
+fn firmware_action(policy: &BootPolicy, event: &Event) -> Result<(), BootRefusal> {
+    match event.data.strip_suffix(&[0]).unwrap_or(&event.data) {
+        b"DMA Protection Disabled" => Ok(()),
+        b"UEFI Debug Mode" if policy.secure_boot != SecureBoot::Required => Ok(()),
+        b"UEFI Debug Mode" => Err(refuse(format!(
+            "{}: the firmware is in UEFI debug mode, which does not enforce Secure Boot, and Secure Boot is required",
+            event.describe()
+        ))),
+        _ => Err(unexplained(event, "before its separator")),
+    }
 }
 
 fn unexplained(event: &Event, place: &str) -> BootRefusal {

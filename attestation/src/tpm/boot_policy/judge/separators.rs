@@ -26,8 +26,20 @@ pub(super) struct Split<'l> {
     pub after: Vec<&'l Event>,
 }
 
+/// Whether a PCR without any separator is judged whole (its every event after the separator
+/// that never came), or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Missing {
+    /// Refused: the firmware never handed over.
+    Refused,
+    /// Judged whole. The quirk of GCE's 2019 firmware, which logs no separator in PCRs 0 to 6
+    /// (`sb_cert_eventlog`, whose replay gives the PCR 4 go-attestation recorded): with no event
+    /// carrying the separator's digest there is no firmware part to pass anything off as.
+    JudgedWhole,
+}
+
 /// Cuts `pcr`'s events (those that extend it) at its one separator.
-pub(super) fn split(log: &EventLog, alg: HashAlg, pcr: u32) -> Result<Split<'_>, BootRefusal> {
+pub(super) fn split(log: &EventLog, alg: HashAlg, pcr: u32, missing: Missing) -> Result<Split<'_>, BootRefusal> {
     let values: Vec<Vec<u8>> = std::iter::once(NORMAL).chain(ERRORS).map(|v| alg.digest(&v)).collect();
     let carries_separator = |e: &Event| e.digest(alg).is_some_and(|d| values.iter().any(|v| v == d));
     let events: Vec<&Event> = of_pcr(log, pcr).collect();
@@ -37,6 +49,12 @@ pub(super) fn split(log: &EventLog, alg: HashAlg, pcr: u32) -> Result<Split<'_>,
                 "{}: typed a separator, but its digest is not the separator value's: PCR {pcr}'s separator is not where the log says",
                 labelled.describe()
             )));
+        }
+        if missing == Missing::JudgedWhole {
+            return Ok(Split {
+                before: Vec::new(),
+                after: events,
+            });
         }
         return Err(refuse(format!(
             "PCR {pcr} has no separator: the firmware never handed over to a boot loader in this log"
