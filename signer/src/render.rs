@@ -62,6 +62,9 @@ pub fn boot_policy(cluster: &ClusterView) -> Option<String> {
     use attestation::tpm::boot_policy::{PolicyState, SecureBoot};
     match &cluster.boot_policy {
         PolicyState::None => None,
+        PolicyState::Required => Some(
+            "tpm/v1 boot policy: none named, and the signer requires one (--tpm-require-boot-policy): it holds the Cluster's tpm/v1 CSRs (never approved) until the Cluster names one".to_owned(),
+        ),
         PolicyState::Unresolved { source } => Some(format!("tpm/v1 boot policy: ConfigMap {source}, not read")),
         PolicyState::Invalid { source, message } => Some(format!(
             "tpm/v1 boot policy: ConfigMap {source} is unusable ({message}): the signer holds the Cluster's tpm/v1 CSRs (never approved) until it is fixed"
@@ -78,9 +81,10 @@ pub fn boot_policy(cluster: &ClusterView) -> Option<String> {
             Some(format!(
                 "tpm/v1 boot policy: ConfigMap {source}: images {}; Secure Boot {}, {}, {}",
                 images.join(", "),
-                match policy.secure_boot {
-                    SecureBoot::Required => "required",
-                    SecureBoot::Optional => "optional",
+                match (policy.secure_boot, policy.secure_boot_floor) {
+                    (_, true) => "required (the signer's floor, --tpm-require-secure-boot)",
+                    (SecureBoot::Required, false) => "required",
+                    (SecureBoot::Optional, false) => "optional",
                 },
                 list(policy.authorities.len(), "authorities"),
                 list(policy.dbx.len(), "dbx")

@@ -5,6 +5,8 @@
 //! - `bootloaders`: the SHA-256 Authenticode digests of shim and grub
 //!   ([`attestation::tpm::authenticode`]), which the firmware and then shim measure into PCR 4;
 //! - `kernel`: the kernel's Authenticode digest (shim measures it when grub has it verified);
+//! - `kernelFile`: the SHA-256 of the kernel file, as grub measures it into PCR 9 (revision 6:
+//!   the initrd is the file grub reads after it, so nothing read or extended later passes for it);
 //! - `initrd`: the SHA-256 of the initrd file, as grub measures the files it reads into PCR 9;
 //! - `commandLine`: what grub measures into PCR 8 after `kernel_cmdline: `, read from
 //!   `grub.cfg`'s first entry ([`grub_cfg`]) or given.
@@ -124,7 +126,10 @@ pub fn policy(args: &BootPolicyArgs) -> Result<PolicyDocument> {
         name: args.image_name.clone(),
         bootloaders: vec![pe_digest(&shim, "shim")?, pe_digest(&grub, "grub")?],
         kernel: pe_digest(&kernel, "the kernel")?,
-        initrd: initrd.map(|path| file_digest(&path)).transpose()?,
+        kernel_file: Some(file_digest(&kernel, "the kernel", "--kernel PATH")?),
+        initrd: initrd
+            .map(|path| file_digest(&path, "the initrd", "--initrd PATH, or --no-initrd"))
+            .transpose()?,
         command_line,
     };
     Ok(PolicyDocument {
@@ -169,13 +174,9 @@ fn pe_digest(path: &Path, what: &str) -> Result<String> {
     Ok(hex(&digest))
 }
 
-fn file_digest(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| {
-        format!(
-            "reading the initrd ({}; give --initrd PATH, or --no-initrd)",
-            path.display()
-        )
-    })?;
+/// The SHA-256 of a file as grub reads it into PCR 9 (the kernel file, the initrd).
+fn file_digest(path: &Path, what: &str, give: &str) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {what} ({}; give {give})", path.display()))?;
     Ok(hex(
         aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &bytes).as_ref()
     ))

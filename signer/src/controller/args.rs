@@ -127,6 +127,9 @@ pub struct RunArgs {
     /// whose `policy.yaml` holds it. Without it such Clusters have none (revision 4: any boot).
     #[arg(long, env = "SIGNER_TPM_BOOT_POLICY", value_name = "NAMESPACE/NAME")]
     pub tpm_boot_policy: Option<String>,
+    /// `tpm/v1`: the operator's floor under every Cluster's boot policy (revision 6).
+    #[command(flatten)]
+    pub tpm_boot_policy_floor: crate::controller::boot_policy::Floor,
     /// The cloud identity providers (`gcp/v1`, `aws/v1`, `azure/v1`).
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,

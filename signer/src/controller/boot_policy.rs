@@ -25,6 +25,37 @@ const FAILED_TTL: Duration = Duration::from_secs(5);
 /// Least time between two `BootPolicyInvalid` Warnings on one Cluster.
 pub const WARNING_INTERVAL: Duration = Duration::from_secs(300);
 
+/// The operator's floor under every Cluster's `tpm/v1` boot policy (SPEC section 5, revision 6):
+/// a Cluster's policy is written by whoever may edit ConfigMaps in its namespace, so the signer
+/// can require one of every Cluster and hold each to Secure Boot whatever it says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+pub struct Floor {
+    /// `tpm/v1`: require a boot policy of every Cluster. A Cluster that names none (no
+    /// `cluster.x-k8s.io/kubelet-tpm-boot-policy` annotation, no `--tpm-boot-policy` default)
+    /// has its `tpm/v1` CSRs held, never approved, and a `BootPolicyInvalid` Warning.
+    #[arg(long, env = "SIGNER_TPM_REQUIRE_BOOT_POLICY")]
+    pub tpm_require_boot_policy: bool,
+    /// `tpm/v1`: every boot policy requires Secure Boot, whatever a Cluster's says
+    /// (`secureBoot: optional` is judged as `required`).
+    #[arg(long, env = "SIGNER_TPM_REQUIRE_SECURE_BOOT")]
+    pub tpm_require_secure_boot: bool,
+}
+
+impl Floor {
+    /// `state` (what the Cluster's ConfigMap says, or `None` when it names none) under the
+    /// floor.
+    pub fn apply(&self, state: PolicyState) -> PolicyState {
+        match state {
+            PolicyState::None if self.tpm_require_boot_policy => PolicyState::Required,
+            PolicyState::Loaded { source, policy } if self.tpm_require_secure_boot => PolicyState::Loaded {
+                source,
+                policy: Arc::new(BootPolicy::clone(&policy).with_secure_boot_floor()),
+            },
+            state => state,
+        }
+    }
+}
+
 /// `--tpm-boot-policy`: `<namespace>/<name>`, both DNS labels or subdomains, as ConfigMap names are.
 pub fn parse_default(value: &str) -> Result<(String, String), String> {
     let (namespace, name) = value
@@ -80,16 +111,18 @@ pub fn source_of(cluster: &ClusterView, default: Option<&(String, String)>) -> O
 pub struct BootPolicies {
     client: Client,
     default: Option<(String, String)>,
+    floor: Floor,
     cache: Mutex<HashMap<String, (Instant, Duration, PolicyState)>>,
     warned: Mutex<HashMap<String, Instant>>,
 }
 
 impl BootPolicies {
-    /// Policies read through `client`; `default` from `--tpm-boot-policy`.
-    pub fn new(client: Client, default: Option<(String, String)>) -> Self {
+    /// Policies read through `client`; `default` from `--tpm-boot-policy`, under `floor`.
+    pub fn new(client: Client, default: Option<(String, String)>, floor: Floor) -> Self {
         Self {
             client,
             default,
+            floor,
             cache: Mutex::default(),
             warned: Mutex::default(),
         }
@@ -100,6 +133,7 @@ impl BootPolicies {
     pub async fn resolve(&self, cluster: &ClusterView) -> ClusterView {
         let mut resolved = cluster.clone();
         let Some((namespace, name)) = source_of(cluster, self.default.as_ref()) else {
+            resolved.boot_policy = self.floor.apply(PolicyState::None);
             return resolved;
         };
         let source = format!("{namespace}/{name}");
@@ -130,6 +164,7 @@ impl BootPolicies {
                 state
             }
         };
+        resolved.boot_policy = self.floor.apply(resolved.boot_policy);
         resolved
     }
 
@@ -175,6 +210,31 @@ mod tests {
             Some(&config_map(CONFIG_MAP_KEY, "kind: TpmBootPolicy\n")),
         ));
         assert!(bad.starts_with("policy.yaml: the policy does not parse"), "{bad}");
+    }
+
+    #[test]
+    fn the_floor_requires_a_policy_and_secure_boot() {
+        let policy = "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: optional\nimages:\n  - name: x\n    kernel: \"aa00000000000000000000000000000000000000000000000000000000000000\"\n";
+        let loaded = state_of("team-a/boot", Some(&config_map(CONFIG_MAP_KEY, policy)));
+        let none = Floor::default();
+        assert_eq!(none.apply(PolicyState::None), PolicyState::None);
+        assert_eq!(none.apply(loaded.clone()), loaded);
+        let floor = Floor {
+            tpm_require_boot_policy: true,
+            tpm_require_secure_boot: true,
+        };
+        assert_eq!(floor.apply(PolicyState::None), PolicyState::Required);
+        let PolicyState::Loaded { policy, source } = floor.apply(loaded) else {
+            panic!("still loaded");
+        };
+        assert_eq!(source, "team-a/boot");
+        assert_eq!(policy.secure_boot, attestation::tpm::boot_policy::SecureBoot::Required);
+        assert!(policy.secure_boot_floor);
+        let invalid = PolicyState::Invalid {
+            source: "a/b".into(),
+            message: "gone".into(),
+        };
+        assert_eq!(floor.apply(invalid.clone()), invalid);
     }
 
     #[test]

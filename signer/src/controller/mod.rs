@@ -239,6 +239,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
                 .map(boot_policy::parse_default)
                 .transpose()
                 .map_err(anyhow::Error::msg)?,
+            args.tpm_boot_policy_floor,
         )),
         cloud,
         crypto: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),

@@ -88,6 +88,9 @@ pub struct ExplainArgs {
     /// without the `cluster.x-k8s.io/kubelet-tpm-boot-policy` annotation.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     pub tpm_boot_policy: Option<String>,
+    /// The signer's boot-policy floor (`--tpm-require-boot-policy`, `--tpm-require-secure-boot`).
+    #[command(flatten)]
+    pub tpm_boot_policy_floor: crate::controller::boot_policy::Floor,
     /// The signer's cloud flags.
     #[command(flatten)]
     pub cloud: crate::cloud::CloudArgs,
@@ -213,6 +216,7 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         .transpose()
         .map_err(anyhow::Error::msg)?;
     facts.cluster = management.boot_policy(&facts.cluster, default_policy.as_ref()).await;
+    facts.cluster.boot_policy = args.tpm_boot_policy_floor.apply(facts.cluster.boot_policy);
     let mut notes: Vec<String> = facts
         .unreadable
         .iter()

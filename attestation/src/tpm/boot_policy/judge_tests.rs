@@ -298,105 +298,26 @@ pub(super) fn real_log(name: &str) -> EventLog {
     crate::tpm::event_log::parse(&bytes).unwrap()
 }
 
-/// The text of an event's data without its NUL.
-fn text_of(event: &crate::tpm::event_log::Event) -> String {
-    String::from_utf8_lossy(event.data.strip_suffix(&[0]).unwrap_or(&event.data)).into_owned()
-}
-
-/// The policy a real boot shows, read back from its own log: what `kubelet-authenticator
-/// boot-policy` would print for the files that machine booted, whatever its boot path (PCR 4's
-/// applications; grub's, RHEL-family grub's or systemd-boot's command line; the kernel file grub
-/// read; grub's last file or the stub's initrd). `None` when PCR 4 ran no application.
+/// The policy a real boot's own measurements make ([`crate::tpm::boot_policy::from_log`]), as
+/// YAML; `None` when PCR 4 ran no application.
 pub(super) fn own_policy(log: &EventLog) -> Option<String> {
-    let hex = |d: &[u8]| crate::digest::hex(d);
-    let sha256 = |e: &crate::tpm::event_log::Event| hex(e.digest(HashAlg::Sha256).unwrap());
-    let separated = log
-        .events
-        .iter()
-        .any(|e| e.pcr == 4 && e.event_type == event_type::SEPARATOR);
-    let apps: Vec<String> = log
-        .events
-        .iter()
-        .filter(|e| e.pcr == 4)
-        .skip_while(|e| separated && e.event_type != event_type::SEPARATOR)
-        .filter(|e| e.event_type == event_type::EFI_BOOT_SERVICES_APPLICATION)
-        .map(sha256)
-        .collect();
-    let (kernel, bootloaders) = apps.split_last()?;
-    let secure_boot = match crate::tpm::event_log::secure_boot(log, HashAlg::Sha256).unwrap() {
-        Some(true) => "required",
-        _ => "optional",
-    };
-    let pcr8: Vec<String> = log.events.iter().filter(|e| e.pcr == 8).map(text_of).collect();
-    let after = |prefixes: &[&str]| {
-        pcr8.iter()
-            .find_map(|t| prefixes.iter().find_map(|p| t.strip_prefix(p)).map(str::to_owned))
-    };
-    let sd_boot = log
-        .events
-        .iter()
-        .find(|e| e.pcr == 8 && e.data.get(1) == Some(&0))
-        .map(|e| {
-            let mut data = e.data.clone();
-            if data.len() % 2 == 1 {
-                data.push(0);
-            }
-            let units: Vec<u16> = data.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
-            String::from_utf16(&units).unwrap().trim_end_matches('\0').to_owned()
-        });
-    let command_line = after(&["kernel_cmdline: ", "grub_kernel_cmdline "]).or(sd_boot);
-    let kernel_path = after(&["grub_cmd: linux ", "grub_cmd linux ", "grub_cmd linuxefi "])
-        .map(|t| t.split_whitespace().next().unwrap().to_owned());
-    let files: Vec<&crate::tpm::event_log::Event> = log
-        .events
-        .iter()
-        .filter(|e| e.pcr == 9 && e.event_type == event_type::IPL)
-        .collect();
-    let kernel_file = kernel_path.and_then(|path| {
-        files
-            .iter()
-            .rfind(|e| text_of(e) == path || text_of(e) == "grub_linuxefi Kernel")
-            .map(|e| sha256(e))
-    });
-    let grub_initrd = pcr8
-        .iter()
-        .any(|t| t.starts_with("grub_cmd: initrd ") || t.starts_with("grub_cmd initrd"));
-    let stub_initrd = log
-        .events
-        .iter()
-        .find(|e| {
-            e.pcr == 9 && e.event_type == event_type::EVENT_TAG && e.data.starts_with(&0x8F3B_22ECu32.to_le_bytes())
-        })
-        .map(sha256);
-    let initrd = if grub_initrd {
-        files.last().map(|e| sha256(e))
-    } else {
-        stub_initrd
-    };
-    let mut image = format!(
-        "  - name: real\n    bootloaders: [{}]\n    kernel: {kernel}\n",
-        bootloaders.join(", ")
-    );
-    if let Some(file) = kernel_file {
-        image.push_str(&format!("    kernelFile: {file}\n"));
-    }
-    if let Some(initrd) = initrd {
-        image.push_str(&format!("    initrd: {initrd}\n"));
-    }
-    if let Some(line) = command_line {
-        image.push_str(&format!("    commandLine: {line:?}\n"));
-    }
-    Some(format!(
-        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: {secure_boot}\nimages:\n{image}"
-    ))
+    let document = crate::tpm::boot_policy::from_log::policy_from_log(log, "real").ok()?;
+    Some(serde_yaml::to_string(&document).unwrap())
 }
 
 /// [`own_policy`] with Secure Boot as given.
 pub(super) fn policy_of(log: &EventLog, secure_boot: &str) -> String {
-    let policy = own_policy(log).unwrap();
-    let at = policy.find("secureBoot: ").unwrap();
-    let end = at + policy[at..].find('\n').unwrap();
-    format!("{}secureBoot: {secure_boot}{}", &policy[..at], &policy[end..])
+    let mut document = crate::tpm::boot_policy::from_log::policy_from_log(log, "real").unwrap();
+    document.secure_boot = serde_yaml::from_str(secure_boot).unwrap();
+    serde_yaml::to_string(&document).unwrap()
+}
+
+/// `policy` (YAML) with its image's command line changed by `change`.
+fn with_command_line(policy: &str, change: impl Fn(&str) -> String) -> String {
+    let mut document: crate::tpm::boot_policy::PolicyDocument = serde_yaml::from_str(policy).unwrap();
+    let line = document.images[0].command_line.as_deref().unwrap();
+    document.images[0].command_line = Some(change(line));
+    serde_yaml::to_string(&document).unwrap()
 }
 
 /// Every real UEFI log of `testdata/event_logs` with a SHA-256 bank.
@@ -434,7 +355,7 @@ fn every_real_boot_matches_the_policy_its_own_measurements_make() {
         assert!(verdict.is_ok(), "{name}: {verdict:?}\n{text}");
         accepted.push(name);
         if text.contains("commandLine") {
-            let other = BootPolicy::parse(&text.replace("commandLine: \"", "commandLine: \"init=/bin/sh ")).unwrap();
+            let other = BootPolicy::parse(&with_command_line(&text, |l| format!("init=/bin/sh {l}"))).unwrap();
             let message = judge(&other, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
             assert!(
                 message.contains("command line") || message.contains("load options"),
@@ -467,7 +388,7 @@ fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
         let verdict = judge(&policy, &log, HashAlg::Sha256, &QUOTED);
         assert!(verdict.is_ok(), "{name}: {verdict:?}\n{text}");
         // Another command line is refused, naming grub's event.
-        let other = BootPolicy::parse(&text.replace("commandLine: \"", "commandLine: \"init=/bin/sh ")).unwrap();
+        let other = BootPolicy::parse(&with_command_line(&text, |l| format!("init=/bin/sh {l}"))).unwrap();
         let message = judge(&other, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
         assert!(message.contains("(PCR 8, EV_IPL): command line"), "{name}: {message}");
     }

@@ -5,12 +5,14 @@
 //! - This module: the format (a ConfigMap's `policy.yaml`, YAML or JSON), read strictly (unknown
 //!   fields refused, digests checked for length and hex) into a [`BootPolicy`] that exists only
 //!   valid, and [`PolicyState`], how the signer hands a Cluster's policy to the verifier.
+//! - [`from_log`]: the policy a known-good boot's own measurements make.
 //! - [`judge`]: the rules, pure, on a parsed log: each PCR the policy reads judged as a whole
 //!   sequence (revision 6).
 //!
 //! `kubelet-authenticator boot-policy` prints a [`PolicyDocument`] with one image; rollouts list
 //! the old and the new image together.
 
+pub mod from_log;
 pub mod judge;
 #[cfg(test)]
 pub(crate) mod testlog;

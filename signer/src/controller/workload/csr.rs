@@ -123,12 +123,18 @@ impl Worker {
         // that cannot be used holds the CSR, and the Cluster's owner hears why.
         let cluster = if csr.spec.signer_name == attestation::names::SIGNER_TPM {
             let resolved = self.shared.boot_policies.resolve(&cluster).await;
-            if let PolicyState::Invalid { source, message } = &resolved.boot_policy
+            let unusable = match &resolved.boot_policy {
+                PolicyState::Invalid { source, message } => Some(format!(
+                    "tpm/v1 boot policy {source}: {message}; the Cluster's tpm/v1 CSRs are held until it is fixed"
+                )),
+                PolicyState::Required => Some(
+                    "tpm/v1: the signer requires a boot policy of every tpm/v1 Cluster (--tpm-require-boot-policy) and this Cluster names none: annotate it with cluster.x-k8s.io/kubelet-tpm-boot-policy naming a ConfigMap of its namespace; its tpm/v1 CSRs are held until then".to_owned(),
+                ),
+                _ => None,
+            };
+            if let Some(note) = unusable
                 && self.shared.boot_policies.warning_due(&self.key)
             {
-                let note = format!(
-                    "tpm/v1 boot policy {source}: {message}; the Cluster's tpm/v1 CSRs are held until it is fixed"
-                );
                 self.cluster_event(EventType::Warning, "BootPolicyInvalid", &note);
             }
             resolved
