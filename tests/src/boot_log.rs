@@ -84,3 +84,235 @@ pub fn replaced(bytes: &[u8], old: &[u8], new: &[u8]) -> Vec<u8> {
     out[at[0]..at[0] + new.len()].copy_from_slice(new);
     out
 }
+
+/// keylime's RHEL 9 log: Secure Boot on, shim, grub (upstream forms), the kernel shim verified,
+/// SHA-256 only and no `StartupLocality` (so swtpm can play it).
+pub const RHEL9: &str = "keylime_binary_bios_measurements-secureboot";
+
+/// A crypto-agile log as firmware writes it: the `Spec ID Event03` header (the parsed log's
+/// first event, its data kept), then every event with the digests it has.
+pub fn encode(log: &EventLog) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (header, events) = log.events.split_first().expect("a header event");
+    out.extend(header.pcr.to_le_bytes());
+    out.extend(header.event_type.to_le_bytes());
+    out.extend([0u8; 20]);
+    out.extend(u32::try_from(header.data.len()).unwrap().to_le_bytes());
+    out.extend(&header.data);
+    for event in events {
+        out.extend(event.pcr.to_le_bytes());
+        out.extend(event.event_type.to_le_bytes());
+        out.extend(u32::try_from(event.digests.len()).unwrap().to_le_bytes());
+        for (alg, digest) in &event.digests {
+            out.extend(alg.tpm_alg_id().to_le_bytes());
+            out.extend(digest);
+        }
+        out.extend(u32::try_from(event.data.len()).unwrap().to_le_bytes());
+        out.extend(&event.data);
+    }
+    out
+}
+
+/// The policy `log`'s own boot makes (`attestation::tpm::boot_policy::from_log`), as YAML, with
+/// Secure Boot as the firmware measured it.
+pub fn own_policy(log: &EventLog, name: &str) -> String {
+    let document = attestation::tpm::boot_policy::from_log::policy_from_log(log, name).unwrap();
+    serde_yaml::to_string(&document).unwrap()
+}
+
+/// The five forged boots of the revision 5 attack review, each built from a real boot as the
+/// attacker's boot would leave its log: the events it relabels or rewrites where the digests do
+/// not pin them, and exactly the extends it makes (so the log replays to what the TPM quotes).
+pub mod forgery {
+    use attestation::tpm::event_log::{Event, EventLog, HashAlg, event_type};
+
+    /// A forged log and the start of the refusal it must get, naming its event.
+    pub struct Forgery {
+        /// What the attacker did.
+        pub what: &'static str,
+        /// The log it sends (and whose extends the TPM holds).
+        pub log: EventLog,
+        /// The refusal's message must contain this (`event N (PCR P, TYPE): ...`).
+        pub refusal: String,
+    }
+
+    fn sha256(bytes: &[u8]) -> Vec<u8> {
+        HashAlg::Sha256.digest(bytes)
+    }
+
+    fn event(pcr: u32, event_type: u32, digest: Vec<u8>, data: Vec<u8>) -> Event {
+        Event {
+            index: 0,
+            pcr,
+            event_type,
+            digests: vec![(HashAlg::Sha256, digest)],
+            data,
+        }
+    }
+
+    /// grub's string as the log shows it, the digest of what grub ran.
+    fn grub(shown: &str, ran: &str) -> Event {
+        event(
+            8,
+            event_type::IPL,
+            sha256(ran.as_bytes()),
+            format!("{shown}\0").into_bytes(),
+        )
+    }
+
+    fn reindexed(mut log: EventLog) -> EventLog {
+        for (i, event) in log.events.iter_mut().enumerate() {
+            event.index = i;
+        }
+        log
+    }
+
+    fn position(log: &EventLog, what: impl Fn(&Event) -> bool) -> usize {
+        log.events.iter().position(what).expect("the real log has that event")
+    }
+
+    /// `UEFI_VARIABLE_DATA` of the `SecureBoot` global variable.
+    fn secure_boot_variable(value: u8) -> Vec<u8> {
+        let mut out = vec![
+            0x61, 0xdf, 0xe4, 0x8b, 0xca, 0x93, 0xd2, 0x11, 0xaa, 0x0d, 0x00, 0xe0, 0x98, 0x03, 0x2b, 0x8c,
+        ];
+        out.extend(10u64.to_le_bytes());
+        out.extend(1u64.to_le_bytes());
+        out.extend("SecureBoot".encode_utf16().flat_map(u16::to_le_bytes));
+        out.push(value);
+        out
+    }
+
+    /// The grub string of PCR 8 that starts with `prefix`, without it and its NUL.
+    fn grub_text(log: &EventLog, prefix: &str) -> (usize, String) {
+        let at = position(log, |e| e.pcr == 8 && e.data.starts_with(prefix.as_bytes()));
+        let text = String::from_utf8_lossy(&log.events[at].data)
+            .trim_end_matches('\0')
+            .trim_start_matches(prefix)
+            .to_owned();
+        (at, text)
+    }
+
+    /// 1. Secure Boot off, the policy requiring it: the firmware's `SecureBoot` = 0 typed
+    ///    `EV_POST_CODE`; after boot, PCR 7 extended with `SecureBoot` = 1 typed
+    ///    `EV_EFI_VARIABLE_DRIVER_CONFIG`.
+    pub fn secure_boot_off(real: &EventLog) -> Forgery {
+        let mut log = real.clone();
+        let at = position(real, |e| e.pcr == 7 && e.data == secure_boot_variable(1));
+        let off = secure_boot_variable(0);
+        log.events[at] = event(7, event_type::POST_CODE, sha256(&off), off);
+        let on = secure_boot_variable(1);
+        log.events
+            .push(event(7, event_type::EFI_VARIABLE_DRIVER_CONFIG, sha256(&on), on));
+        Forgery {
+            what: "Secure Boot off: SecureBoot = 0 typed EV_POST_CODE, SecureBoot = 1 extended after boot",
+            log: reindexed(log),
+            refusal: format!(
+                "event {at} (PCR 7, EV_POST_CODE): not an event the firmware's Secure Boot configuration explains"
+            ),
+        }
+    }
+
+    /// 2. An unlisted application runs first and extends PCR 4 with the approved chain; the log
+    ///    types the real separator `EV_POST_CODE` and the application `EV_SEPARATOR`.
+    pub fn application_before_the_chain(real: &EventLog) -> Forgery {
+        let mut log = real.clone();
+        let separator = position(real, |e| e.pcr == 4 && e.event_type == event_type::SEPARATOR);
+        log.events[separator].event_type = event_type::POST_CODE;
+        log.events.insert(
+            separator + 1,
+            event(
+                4,
+                event_type::SEPARATOR,
+                sha256(b"an unlisted application"),
+                vec![0, 0, 0, 0],
+            ),
+        );
+        Forgery {
+            what: "an unlisted application first: the separator typed EV_POST_CODE, the application EV_SEPARATOR",
+            log: reindexed(log),
+            refusal: format!("event {separator} (PCR 4, EV_POST_CODE): carries the separator value's digest"),
+        }
+    }
+
+    /// 3. grub.cfg runs a second `initrd /evil.img`; the log rewrites that command's text so it
+    ///    no longer starts with `grub_cmd: `, and the good initrd would count as the last.
+    pub fn second_initrd_rewritten(real: &EventLog) -> Forgery {
+        let (command, _) = grub_text(real, "grub_cmd: initrd ");
+        let file = command + 1;
+        let mut log = real.clone();
+        log.events.insert(
+            file + 1,
+            grub("echo Loading initial ramdisk ...", "initrd (hd0,gpt2)/evil.img"),
+        );
+        log.events.insert(
+            file + 2,
+            event(
+                9,
+                event_type::IPL,
+                sha256(b"evil initrd"),
+                b"(hd0,gpt2)/evil.img\0".to_vec(),
+            ),
+        );
+        Forgery {
+            what: "a second initrd command, its text rewritten",
+            log: reindexed(log),
+            refusal: format!("event {} (PCR 8, EV_IPL): neither a grub string", file + 1),
+        }
+    }
+
+    /// 4. `initrd /initrd.img /evil.cpio`: the evil file's PCR 9 event typed `EV_POST_CODE`.
+    pub fn second_initrd_file_relabelled(real: &EventLog) -> Forgery {
+        let (command, paths) = grub_text(real, "grub_cmd: initrd ");
+        let ran = format!("initrd {paths} (hd0,gpt2)/evil.cpio");
+        let mut log = real.clone();
+        log.events[command] = grub(&format!("grub_cmd: {ran}"), &ran);
+        let file = command + 1;
+        log.events.insert(
+            file + 1,
+            event(9, event_type::POST_CODE, sha256(b"evil cpio"), Vec::new()),
+        );
+        Forgery {
+            what: "initrd with a second file, its PCR 9 event typed EV_POST_CODE",
+            log: reindexed(log),
+            refusal: format!(
+                "event {} (PCR 9, EV_POST_CODE): not an event of a boot path in PCR 9",
+                file + 1
+            ),
+        }
+    }
+
+    /// 5. `init=/bin/evil` on the command line: the log rewrites the `kernel_cmdline:` text, and
+    ///    after boot root extends PCR 9 with the approved load options labelled as the stub's.
+    pub fn command_line_rewritten(real: &EventLog) -> Forgery {
+        let (at, approved) = grub_text(real, "kernel_cmdline: ");
+        let evil = format!("{approved} init=/bin/evil");
+        let mut log = real.clone();
+        log.events[at] = grub(&format!("kernel_cmdline: {approved}"), &evil);
+        let options: Vec<u8> = format!("BOOT_IMAGE={approved}")
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes)
+            .chain([0, 0])
+            .collect();
+        let mut tag = 0x8F3B_22EDu32.to_le_bytes().to_vec();
+        tag.extend(26u32.to_le_bytes());
+        tag.extend(b"LOADED_IMAGE::LoadOptions\0");
+        log.events.push(event(9, event_type::EVENT_TAG, sha256(&options), tag));
+        Forgery {
+            what: "init=/bin/evil: kernel_cmdline rewritten, the approved load options extended after boot",
+            log: reindexed(log),
+            refusal: format!("event {at} (PCR 8, EV_IPL): its digest does not cover its text"),
+        }
+    }
+
+    /// All five, from `real`.
+    pub fn all(real: &EventLog) -> Vec<Forgery> {
+        vec![
+            secure_boot_off(real),
+            application_before_the_chain(real),
+            second_initrd_rewritten(real),
+            second_initrd_file_relabelled(real),
+            command_line_rewritten(real),
+        ]
+    }
+}

@@ -457,7 +457,9 @@ fn a_real_startup_locality_event_sets_pcr0s_start() {
     for (name, bytes, _) in logs() {
         let expected = match name {
             // A Dell server with Boot Guard starts its TPM from locality 3 too.
-            "keylime_binary_bios_measurements" | "short_no_action_eventlog" | "go_tpm_tools_gdc_host_ubuntu_efistub_eventlog" => Some(3),
+            "keylime_binary_bios_measurements"
+            | "short_no_action_eventlog"
+            | "go_tpm_tools_gdc_host_ubuntu_efistub_eventlog" => Some(3),
             _ => None,
         };
         assert_eq!(parse(&bytes).startup_locality, expected, "{name}");

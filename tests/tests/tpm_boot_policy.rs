@@ -185,3 +185,47 @@ fn a_real_boot_is_judged_on_its_replayed_log_and_phase_two_must_be_the_same_boot
         "the updated kernel once the policy lists it",
     );
 }
+
+/// The five forged boots of the attack review (`tests::boot_log::forgery`, from keylime's real
+/// RHEL 9 log), each played into swtpm with exactly the extends the attacker's boot makes and
+/// sent by the node's attestor: the real boot is approved under its own policy (an unlogged PCR 0
+/// extend too), and each forgery is denied `AttestationInvalid` naming the event it falsified.
+#[test]
+#[ignore = "needs swtpm"]
+fn the_five_forged_boots_are_refused_on_a_real_tpm() {
+    use tests::boot_log::{RHEL9, encode, forgery, own_policy};
+    let mut tpm = Swtpm::start("tpm_boot_forgeries");
+    let log_file = tpm.path("binary_bios_measurements");
+    let original = boot_log::read(RHEL9);
+    let real = event_log::parse(&original).unwrap();
+    let mut world = World::new();
+    world.boot_policy = loaded(&own_policy(&real, "rhel-9"));
+    let mut node = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(EventLogSource::File(log_file.clone()));
+
+    boot(&mut tpm, &log_file, &original, &original);
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    approved(&world.phase_two(&mut node, &k, &first).1, "the real RHEL 9 boot");
+    world.finish_all();
+
+    // The DL160 shape: a measurement of PCR 0 the log does not hold (a server's firmware
+    // measures before its log begins) refuses no node, since no policy judges PCR 0.
+    tpm.extend(&[(0, vec![("sha256", vec![0x42; 32])])]);
+    let k = key();
+    let first = world.challenged(&mut node, &k);
+    approved(&world.phase_two(&mut node, &k, &first).1, "an unlogged PCR 0 extend");
+    world.finish_all();
+
+    for forged in forgery::all(&real) {
+        let bytes = encode(&forged.log);
+        boot(&mut tpm, &log_file, &bytes, &bytes);
+        let message = denied(
+            &world.phase_one(&mut node, &key()).1,
+            DenyReason::AttestationInvalid,
+            forged.what,
+        );
+        assert!(message.contains(&forged.refusal), "{}: {message}", forged.what);
+    }
+}

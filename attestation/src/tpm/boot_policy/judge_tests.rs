@@ -407,8 +407,8 @@ fn real_shim_and_grub_boots_match_the_policy_their_files_give() {
     assert!(refused.contains("Secure Boot is off"), "{refused}");
 }
 
-#[path = "judge_forgery_tests.rs"]
-mod forgeries;
+#[path = "judge_property_tests.rs"]
+mod property;
 
 /// UTF-16LE with its NUL: systemd-boot's and the firmware's load options.
 fn utf16(text: &str) -> Vec<u8> {
