@@ -566,6 +566,22 @@ fn systemd_boot_and_the_linux_stub_are_read() {
         &boot.initrd,
     );
     assert!(verdict(&boot.policy(), &both).is_ok());
+    refused(
+        &boot.policy(),
+        &tags(boot.through_grub(), "BOOT_IMAGE=/vmlinuz root=/dev/evil", &boot.initrd),
+        &[
+            "(PCR 9, EV_EVENT_TAG): the kernel's load options",
+            "are not the command line the loader measured at event",
+        ],
+    );
+    // The kernel's path is grub's name for the file, not the kernel: a policy's command line
+    // matches whatever device grub named.
+    let elsewhere = boot.policy().replace(
+        "commandLine: \"/vmlinuz-6.1.0-28-amd64 ",
+        "commandLine: \"(hd0,gpt2)/vmlinuz-6.1.0-28-amd64 ",
+    );
+    assert_ne!(elsewhere, boot.policy());
+    assert!(verdict(&elsewhere, &both).is_ok());
     let evil_stub = tags(
         boot.through_grub(),
         &format!("BOOT_IMAGE={}", boot.command_line),

@@ -338,8 +338,21 @@ fn bare(command_line: &str) -> &str {
         .trim_end()
 }
 
-/// The load options as the stub measures them, UTF-16LE, with or without the terminating NUL
-/// and the `BOOT_IMAGE=` grub adds.
+/// The kernel's arguments: the command line without `BOOT_IMAGE=` and the kernel's path grub
+/// writes first (`/boot/vmlinuz-6.1.0-28-amd64`, `(hd0,gpt2)/vmlinuz-...`). The path names the
+/// file grub read, and which device grub called it by, not what booted: the kernel is its
+/// Authenticode digest in PCR 4 (and its file digest in PCR 9), so a policy's command line
+/// matches whatever grub named the device.
+fn arguments(command_line: &str) -> Vec<&str> {
+    let mut words: Vec<&str> = bare(command_line).split_whitespace().collect();
+    if words.first().is_some_and(|w| w.starts_with('/') || w.starts_with('(')) {
+        words.remove(0);
+    }
+    words
+}
+
+/// The load options a stub started with `command_line` measures: UTF-16LE, with or without
+/// the terminating NUL and the `BOOT_IMAGE=` grub adds.
 fn load_options_digests(alg: HashAlg, command_line: &str) -> Vec<Vec<u8>> {
     let bare = bare(command_line);
     let mut out = Vec::new();
@@ -366,7 +379,11 @@ fn command_line<'p>(
         let matching: Vec<&Image> = candidates
             .iter()
             .copied()
-            .filter(|i| i.command_line.as_deref().is_none_or(|c| bare(c) == bare(text)))
+            .filter(|i| {
+                i.command_line
+                    .as_deref()
+                    .is_none_or(|c| arguments(c) == arguments(text))
+            })
             .collect();
         if matching.is_empty() {
             return Err(refuse(format!(
@@ -382,24 +399,20 @@ fn command_line<'p>(
         let digest = event
             .digest(alg)
             .ok_or_else(|| refuse(format!("{}: no {alg} digest", event.describe())))?;
-        let matching: Vec<&Image> = candidates
-            .iter()
-            .copied()
-            .filter(|i| {
-                i.command_line
-                    .as_deref()
-                    .is_none_or(|c| load_options_digests(alg, c).iter().any(|d| d == digest))
-            })
-            .collect();
-        if matching.is_empty() {
-            return Err(refuse(format!(
-                "{}: the kernel's load options ({alg} {}) are not the command line of {}",
-                event.describe(),
-                short_hex(digest),
-                names(&candidates)
-            )));
+        // Behind a loader that measured the command line it passed, the stub's options must be
+        // that text (already held to the policy above).
+        if let Some((loader, text)) = measured.command_lines.first() {
+            if !load_options_digests(alg, text).iter().any(|d| d == digest) {
+                return Err(refuse(format!(
+                    "{}: the kernel's load options ({alg} {}) are not the command line the loader measured at event {}",
+                    event.describe(),
+                    short_hex(digest),
+                    loader.index
+                )));
+            }
+        } else {
+            candidates = stub_options_match(event, digest, alg, candidates)?;
         }
-        candidates = matching;
     }
     if measured.command_lines.is_empty() && measured.stub_load_options.is_none() {
         let expecting: Vec<&Image> = candidates
@@ -418,6 +431,34 @@ fn command_line<'p>(
         what.push("command line");
     }
     Ok(candidates)
+}
+
+/// The stub's options without a loader that measured them: the policy's command line as the
+/// stub measures it.
+fn stub_options_match<'p>(
+    event: &Event,
+    digest: &[u8],
+    alg: HashAlg,
+    candidates: Vec<&'p Image>,
+) -> Result<Vec<&'p Image>, BootRefusal> {
+    let matching: Vec<&Image> = candidates
+        .iter()
+        .copied()
+        .filter(|i| {
+            i.command_line
+                .as_deref()
+                .is_none_or(|c| load_options_digests(alg, c).iter().any(|d| d == digest))
+        })
+        .collect();
+    if matching.is_empty() {
+        return Err(refuse(format!(
+            "{}: the kernel's load options ({alg} {}) are not the command line of {}",
+            event.describe(),
+            short_hex(digest),
+            names(&candidates)
+        )));
+    }
+    Ok(matching)
 }
 
 fn initrd<'p>(
