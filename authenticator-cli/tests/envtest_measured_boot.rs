@@ -20,6 +20,10 @@
 //!   event differs): renewals are refused until the ConfigMap lists the new image beside the old,
 //!   then signed once the signer reads the ConfigMap again (it keeps a policy 30 s).
 //!
+//! - Revision 6: keylime's real RHEL 9 boot (Secure Boot on) signed under the policy its own
+//!   measurements make, then the five forged boots of the attack review
+//!   (`tests::boot_log::forgery`), each refused by the signer naming the event it falsified.
+//!
 //! swtpm starts with zero PCRs at locality 0: the log has no StartupLocality event, so every
 //! quoted PCR, 0 included, is compared. Skips loudly without the apiserver or swtpm.
 
@@ -330,4 +334,24 @@ async fn a_boot_policy_judges_the_replayed_log_of_a_real_boot_on_join_and_renewa
         "the updated kernel once the policy lists it",
     )
     .await;
+
+    // Revision 6: keylime's real RHEL 9 boot (Secure Boot on, shim, grub, the kernel shim
+    // verified) under its own policy, then the five forged boots of the attack review, each
+    // played into the TPM with the extends the attacker's boot makes: each refused by the real
+    // signer, naming the event it falsified.
+    let rhel9 = event_log::parse(&boot_log::read(boot_log::RHEL9)).unwrap();
+    set_policy(&admin, "boot-policy-rhel9", &boot_log::own_policy(&rhel9, "rhel-9")).await;
+    let real = boot_log::encode(&rhel9);
+    node.boot(&real, &real);
+    let renewed = node.renew(&w);
+    assert!(renewed.status.success(), "{}", String::from_utf8_lossy(&renewed.stderr));
+    signed(&w, &me, &mut seen, &signer, "the real RHEL 9 boot").await;
+    for forged in boot_log::forgery::all(&rhel9) {
+        let bytes = boot_log::encode(&forged.log);
+        node.boot(&bytes, &bytes);
+        let _ = node.renew(&w);
+        let (reason, message) = refused(&w, &me, &mut seen, &signer, forged.what).await;
+        assert_eq!(reason, "AttestationInvalid", "{message}");
+        assert!(message.contains(&forged.refusal), "{}: {message}", forged.what);
+    }
 }

@@ -630,3 +630,30 @@ fn an_error_separator_or_one_typed_elsewhere_is_refused() {
         &["(PCR 4, EV_SEPARATOR): a second separator in PCR 4"],
     );
 }
+
+#[test]
+fn the_signers_floor_requires_secure_boot_whatever_the_policy_says() {
+    let boot = Boot::default();
+    let optional = boot
+        .policy()
+        .replace("kind: TpmBootPolicy\n", "kind: TpmBootPolicy\nsecureBoot: optional\n");
+    let off = Boot::default().through_grub();
+    let mut log = off.log();
+    // Secure Boot off in the firmware's variable.
+    let at = log
+        .events
+        .iter()
+        .position(|e| e.pcr == 7 && e.data.ends_with(b"\x01") && e.data.len() == 53)
+        .unwrap();
+    let off_data = crate::tpm::event_log::events::encode::variable_data(EFI_GLOBAL_VARIABLE, "SecureBoot", &[0]);
+    log.events[at].digests = vec![(HashAlg::Sha256, sha256(&off_data))];
+    log.events[at].data = off_data;
+    let policy = BootPolicy::parse(&optional).unwrap();
+    assert!(judge(&policy, &log, HashAlg::Sha256, &QUOTED).is_ok());
+    let floored = policy.with_secure_boot_floor();
+    let message = judge(&floored, &log, HashAlg::Sha256, &QUOTED).unwrap_err().message;
+    assert!(
+        message.contains("Secure Boot is off and the signer's floor requires it (--tpm-require-secure-boot)"),
+        "{message}"
+    );
+}
