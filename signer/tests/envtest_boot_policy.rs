@@ -35,6 +35,18 @@ fn annotate(w: &Workload, value: &str) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// Files `tpm-1`, a `tpm/v1` CSR with garbage DATA (judged, it would be denied at once), asserts
+/// it stays pending, and returns the Cluster's `BootPolicyInvalid` Events.
+async fn file_held_tpm_csr(w: &Workload, signer: &Signer) -> Vec<(String, String)> {
+    let mut tpm = RequestSpec::kubelet("worker-0", PID);
+    tpm.provider = Some("tpm/v1".into());
+    tpm.data = Some(br#"{"phase":1}"#.to_vec());
+    file_csr(&w.bootstrap, "tpm-1", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
+    let held = wait_final(&w.admin, "tpm-1", false, Duration::from_secs(8)).await;
+    assert_eq!(held, Final::Pending, "{}", signer.log());
+    w.cluster_events("BootPolicyInvalid")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn a_missing_boot_policy_holds_tpm_csrs_with_a_warning_and_none_judges_them() {
@@ -46,14 +58,7 @@ async fn a_missing_boot_policy_holds_tpm_csrs_with_a_warning_and_none_judges_the
     annotate(&w, "=prod-boot-policy");
     let signer = Signer::start(Path::new(SIGNER_BIN), &w.env, &["--leader-elect=false"]).await;
 
-    // Garbage DATA: judged, it would be denied at once; held, it stays pending.
-    let mut tpm = RequestSpec::kubelet("worker-0", PID);
-    tpm.provider = Some("tpm/v1".into());
-    tpm.data = Some(br#"{"phase":1}"#.to_vec());
-    file_csr(&w.bootstrap, "tpm-1", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
-    let held = wait_final(&w.admin, "tpm-1", false, Duration::from_secs(8)).await;
-    assert_eq!(held, Final::Pending, "{}", signer.log());
-    let warnings = w.cluster_events("BootPolicyInvalid");
+    let warnings = file_held_tpm_csr(&w, &signer).await;
     assert!(
         warnings.iter().any(|(kind, note)| kind == "Warning"
             && note.contains("team-a/prod-boot-policy")
@@ -96,13 +101,7 @@ async fn a_cluster_without_a_policy_is_held_when_the_signer_requires_one() {
     )
     .await;
 
-    let mut tpm = RequestSpec::kubelet("worker-0", PID);
-    tpm.provider = Some("tpm/v1".into());
-    tpm.data = Some(br#"{"phase":1}"#.to_vec());
-    file_csr(&w.bootstrap, "tpm-1", SIGNER_TPM, &tpm.build(), CLIENT_USAGES).await;
-    let held = wait_final(&w.admin, "tpm-1", false, Duration::from_secs(8)).await;
-    assert_eq!(held, Final::Pending, "{}", signer.log());
-    let warnings = w.cluster_events("BootPolicyInvalid");
+    let warnings = file_held_tpm_csr(&w, &signer).await;
     assert!(
         warnings.iter().any(|(kind, note)| kind == "Warning"
             && note.contains("--tpm-require-boot-policy")
