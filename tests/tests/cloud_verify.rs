@@ -29,8 +29,18 @@ use time::{Duration, OffsetDateTime};
 const ACCOUNT: &str = "123456789012";
 const INSTANCE_ID: &str = "i-0123456789abcdef0";
 
+/// The suite's clock: one instant at noon, never the machine's. SigV4 scopes a signature to
+/// the day of its `x-amz-date`, so a case that moves a request by half an hour failed between
+/// 00:00 and 00:30 UTC on the wall clock (the refusal named the scope's date, not the age).
+const NOON: OffsetDateTime = time::macros::datetime!(2026-06-15 12:00:00 UTC);
+
 fn now() -> OffsetDateTime {
-    OffsetDateTime::now_utc()
+    NOON
+}
+
+/// [`NOON`] as the node's attestors read their clock.
+fn noon() -> SystemTime {
+    SystemTime::from(NOON)
 }
 
 /// Files a CSR for worker-0 / `pid` through `attestor` and decides it.
@@ -512,6 +522,7 @@ impl Aws {
             },
             StsEndpoints::regional(),
         )
+        .with_clock(noon)
     }
 
     fn honest_document() -> Vec<u8> {
@@ -604,7 +615,8 @@ fn aws_documents_of_another_region_ca_or_instance_are_refused() {
             rsa2048: rsa2048_body(&other_ca.sign_document(&Aws::honest_document())),
         },
         StsEndpoints::regional(),
-    );
+    )
+        .with_clock(noon);
     let mut pem = aws.ca.regions_pem(&["us-east-2"]);
     pem.push_str(&other_ca.regions_pem(&["eu-west-1"]));
     let two = Verifiers::new()
@@ -866,7 +878,8 @@ fn aws_an_endpoint_with_a_path_is_posted_to_the_path_the_node_signed() {
             rsa2048: rsa2048_body(&aws.ca.sign_document(&Aws::honest_document())),
         },
         endpoints,
-    );
+    )
+        .with_clock(noon);
     let cluster = ClusterView::from_object(&capi::cluster("aws")).unwrap();
     let decision = decide(&mut attestor, PID_AWS, &verifiers, &cluster, now());
     assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
@@ -884,7 +897,8 @@ fn aws_a_ber_encoded_document_is_read_like_aws_serves_it() {
             rsa2048: rsa2048_body(&tests::cloud::to_ber_indefinite(&der)),
         },
         StsEndpoints::regional(),
-    );
+    )
+        .with_clock(noon);
     let decision = aws.decide(&mut attestor);
     assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
 }
@@ -892,7 +906,7 @@ fn aws_a_ber_encoded_document_is_read_like_aws_serves_it() {
 #[test]
 fn aws_a_request_signed_long_ago_is_refused_as_stale() {
     fn long_ago() -> SystemTime {
-        SystemTime::now() - std::time::Duration::from_secs(3600)
+        noon() - std::time::Duration::from_secs(3600)
     }
     let aws = Aws::new();
     let mut attestor = aws.attestor(&Aws::honest_document()).with_clock(long_ago);
