@@ -165,9 +165,31 @@ impl fmt::Debug for RequestEnvelope {
     }
 }
 
+/// What a controller's cache keeps in place of a request larger than `limit`, the most its
+/// signer name allows (SPEC rule 1): a hostile workload cluster's megabyte requests then cost
+/// the cache a few bytes each, and [`RequestEnvelope::parse`] still refuses the CSR as
+/// [`EnvelopeError::TooLarge`], naming its real size. A NUL byte starts it, which no PEM text
+/// holds; a requester writing it themselves only has their CSR refused as too large.
+pub fn withheld_request(len: usize, limit: usize) -> Vec<u8> {
+    format!("{WITHHELD}{len} {limit}\n").into_bytes()
+}
+
+/// The start of [`withheld_request`]'s text.
+const WITHHELD: &str = "\u{0}withheld request, bytes and limit: ";
+
+/// The size and limit a [`withheld_request`] records.
+pub fn withheld_size(request: &[u8]) -> Option<(usize, usize)> {
+    let text = std::str::from_utf8(request.strip_prefix(WITHHELD.as_bytes())?).ok()?;
+    let (len, limit) = text.strip_suffix('\n')?.split_once(' ')?;
+    Some((len.parse().ok()?, limit.parse().ok()?))
+}
+
 impl RequestEnvelope {
     /// Parses `spec.request` strictly (see the module documentation).
     pub fn parse(request: &[u8]) -> Result<Self, EnvelopeError> {
+        if let Some((len, limit)) = withheld_size(request) {
+            return Err(EnvelopeError::TooLarge { len, limit });
+        }
         // The largest any provider may send, before reading a byte; the provider's own limit
         // once its block is read.
         if request.len() > MAX_TPM_REQUEST_BYTES {
@@ -397,6 +419,22 @@ mod tests {
                 limit: MAX_REQUEST_BYTES
             })
         );
+    }
+
+    #[test]
+    fn a_withheld_request_is_refused_as_too_large_with_its_real_size() {
+        let withheld = withheld_request(1_048_576, MAX_REQUEST_BYTES);
+        assert!(withheld.len() < 64);
+        assert_eq!(withheld_size(&withheld), Some((1_048_576, MAX_REQUEST_BYTES)));
+        assert_eq!(
+            RequestEnvelope::parse(&withheld),
+            Err(EnvelopeError::TooLarge {
+                len: 1_048_576,
+                limit: MAX_REQUEST_BYTES
+            })
+        );
+        assert_eq!(withheld_size(b"-----BEGIN CERTIFICATE REQUEST-----\n"), None);
+        assert_eq!(withheld_size(&withheld[..withheld.len() - 1]), None);
     }
 
     #[test]

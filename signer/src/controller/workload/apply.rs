@@ -56,16 +56,11 @@ impl Worker {
             ("Denied", "CSRDenied", "denied")
         };
         push_condition(&mut current, condition(condition_type, reason, message));
-        let written = if approved {
-            self.csr_api()
-                .replace_status(&name, &PostParams::default(), &current)
-                .await
-        } else {
-            self.csr_api()
-                .replace_subresource("approval", &name, &PostParams::default(), &current)
-                .await
-        };
-        written.map_err(ApplyError::from_kube)?;
+        // Written from the cache's copy, whose request may be withheld (super::intake): the
+        // apiserver takes only the conditions from an /approval or /status update. Its answer,
+        // the whole CSR again (a megabyte for a hostile one), is not decoded.
+        self.put_csr(if approved { "status" } else { "approval" }, &name, &current)
+            .await?;
         tracing::info!(reason, message, "{what}");
         self.mark_finished(csr);
         self.count(csr, condition_type, reason);

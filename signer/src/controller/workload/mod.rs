@@ -2,7 +2,8 @@
 //! cluster's client.
 //!
 //! - [`worker`]: the [`Worker`] type, what it holds, and the helpers every step uses.
-//! - [`watch`]: watching and queueing the cluster's CSRs.
+//! - [`watch`]: watching and queueing the cluster's CSRs; [`intake`]: what the watch cache keeps
+//!   of them (only the signer's names, slimmed, requests over their limit withheld).
 //! - [`csr`]: what happens to one CSR: inputs fetched, the rule engine's decision taken.
 //! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge);
 //!   [`record`]: each certificate written recorded once, whoever finishes the work.
@@ -21,6 +22,7 @@ pub mod apply;
 pub mod csr;
 pub mod duties;
 pub mod inflight;
+pub mod intake;
 pub mod nodes;
 pub mod queue;
 pub mod record;

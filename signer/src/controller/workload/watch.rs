@@ -13,11 +13,11 @@ use kube::{Api, ResourceExt};
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use super::intake;
 use super::resumed::{Next, Resumption};
 use super::worker::{FINISHED_MEMORY, Worker, needs_us};
 use crate::controller::backoff::Backoff;
 use crate::controller::metrics::ClusterState;
-use crate::csr_object::{Stage, stage};
 use crate::locks::lock;
 
 impl Worker {
@@ -26,8 +26,11 @@ impl Worker {
             return;
         };
         let api: Api<CertificateSigningRequest> = Api::all(self.client.clone());
-        let mut events = watcher(api, watcher::Config::default())
-            .modify(slim)
+        // Paged small, and only what the signer reads kept (super::intake): a hostile workload
+        // cluster's CSRs cost bounded memory from the first list on.
+        let config = watcher::Config::default().page_size(intake::CSR_PAGE);
+        let mut events = watcher(api, config)
+            .filter_map(|event| std::future::ready(intake::admit(event)))
             .reflect(writer)
             .boxed();
         let mut backoff = Backoff::default();
@@ -150,64 +153,5 @@ impl Worker {
             );
             while running.try_join_next().is_some() {}
         }
-    }
-}
-
-/// What the watch cache keeps of a CSR. A decided CSR is only ever looked at for its stage,
-/// names and annotations (a TPM CSR #1 that is finished fails phase 2 before its request is
-/// read), so its request is dropped: 5,000 junk CSRs denied in a flood then cost their
-/// metadata, not their payloads, until kube-controller-manager's cleaner deletes them. An issued
-/// certificate becomes [`ISSUED`]: a certificate is what makes an issued CSR finished
-/// ([`stage`]), and without one the CSR would look approved and unsigned and be signed again
-/// (refused by the apiserver, forever); nothing reads the certificate itself from the cache.
-pub(super) fn slim(csr: &mut CertificateSigningRequest) {
-    csr.managed_fields_mut().clear();
-    if stage(csr) == Stage::Done {
-        csr.spec.request = k8s_openapi::ByteString(Vec::new());
-        if let Some(certificate) = csr.status.as_mut().and_then(|s| s.certificate.as_mut()) {
-            *certificate = k8s_openapi::ByteString(ISSUED.to_vec());
-        }
-    }
-}
-
-/// What the watch cache keeps of an issued certificate (about 1 KiB of PEM otherwise).
-const ISSUED: &[u8] = b"issued";
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::controller::workload::apply::tests::csr;
-
-    #[test]
-    fn the_watch_cache_drops_what_a_finished_csr_no_longer_needs_and_keeps_it_finished() {
-        use attestation::names::SIGNER_INSECURE;
-        let mut issued = csr(SIGNER_INSECURE, &["Approved"], true);
-        issued.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut issued);
-        assert!(issued.spec.request.0.is_empty());
-        assert_eq!(
-            issued
-                .status
-                .as_ref()
-                .and_then(|s| s.certificate.as_ref())
-                .map(|c| c.0.as_slice()),
-            Some(ISSUED)
-        );
-        assert_eq!(stage(&issued), Stage::Done, "still finished: never signed again");
-        assert!(!needs_us(&issued));
-
-        let mut denied = csr(SIGNER_INSECURE, &["Denied"], false);
-        denied.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut denied);
-        assert!(denied.spec.request.0.is_empty());
-        assert!(!needs_us(&denied));
-
-        let mut approved = csr(SIGNER_INSECURE, &["Approved"], false);
-        approved.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut approved);
-        assert_eq!(
-            approved.spec.request.0, b"request",
-            "an approved, unsigned CSR is still to sign"
-        );
     }
 }
