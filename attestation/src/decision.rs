@@ -266,6 +266,11 @@ pub struct Decision {
     /// `Retry`): the controller makes them and decides again.
     #[serde(skip)]
     pub cloud_calls: Vec<crate::cloud::CloudCall>,
+    /// A denial whose rule read the CSR alone (who filed it, what it asks), nothing either
+    /// cluster holds: no fresh read of the management cluster can change it (SPEC section 7, "A
+    /// hostile workload cluster": a node filing CSRs for other nodes' names costs no read).
+    #[serde(skip)]
+    pub settled_by_request: bool,
 }
 
 /// What an approved client CSR hands to the CA.

@@ -2401,3 +2401,58 @@ fn every_failing_cheap_rule_is_reported_not_just_the_first() {
         "the first in SPEC order decides"
     );
 }
+
+/// SPEC section 7 (revision 6), a hostile workload cluster: a denial that rests on the CSR
+/// alone (who filed it, what it asks for) is settled, so the signer confirms it with no fresh
+/// read of the management cluster; one that rests on what the management cluster holds is not.
+#[test]
+fn only_a_denial_on_the_csr_alone_is_settled_without_a_read() {
+    let cases: [(&str, fn() -> Scenario, bool); 4] = [
+        (
+            "a node asking for another node's name",
+            || {
+                let mut s = Scenario::client();
+                s.renewal();
+                s.csr.username = "system:node:worker-1".into();
+                s
+            },
+            true,
+        ),
+        (
+            "a service account",
+            || {
+                let mut s = Scenario::client();
+                s.csr.username = "system:serviceaccount:kube-system:default".into();
+                s.csr.groups = vec!["system:serviceaccounts".into()];
+                s
+            },
+            true,
+        ),
+        (
+            "a token that is not the Machine's KubeadmConfig's",
+            || {
+                let mut s = Scenario::client();
+                s.csr.username = "system:bootstrap:ghijkl".into();
+                s
+            },
+            false,
+        ),
+        (
+            "a provider ID no Machine has",
+            || {
+                let mut s = Scenario::client();
+                s.request = RequestSpec::kubelet("worker-0", "aws:///us-east-1a/i-unknown");
+                s
+            },
+            false,
+        ),
+    ];
+    for (name, scenario, settled) in cases {
+        let decision = scenario().decide();
+        assert!(
+            matches!(decision.outcome, Outcome::Denied { .. }),
+            "{name}: {decision:?}"
+        );
+        assert_eq!(decision.settled_by_request, settled, "{name}");
+    }
+}

@@ -143,6 +143,8 @@ struct Book {
     kind: CsrKind,
     verdicts: BTreeMap<Rule, Verdict>,
     order: &'static [Rule],
+    /// Rules that failed on the CSR alone ([`Book::fail_on_request`]).
+    on_request: std::collections::BTreeSet<Rule>,
 }
 
 impl Book {
@@ -151,7 +153,14 @@ impl Book {
             kind,
             verdicts: BTreeMap::new(),
             order,
+            on_request: Default::default(),
         }
+    }
+
+    /// [`Book::fail`] for a verdict read from the CSR alone: a denial by it is settled.
+    fn fail_on_request(&mut self, rule: Rule, reason: DenyReason, message: impl Into<String>) {
+        self.on_request.insert(rule);
+        self.fail(rule, reason, message);
     }
 
     fn pass(&mut self, rule: Rule, note: impl Into<String>) {
@@ -230,6 +239,11 @@ impl Book {
                     .map(|verdict| RuleOutcome { rule: *rule, verdict })
             })
             .collect();
+        let failed_rule = rules
+            .iter()
+            .find(|r| matches!(r.verdict, Verdict::Failed { .. }))
+            .map(|r| r.rule);
+        let settled_by_request = failed_rule.is_some_and(|rule| self.on_request.contains(&rule));
         let failed = rules.iter().find_map(|r| match &r.verdict {
             Verdict::Failed { reason, message } => Some((*reason, format!("{}: {message}", r.rule.as_str()))),
             _ => None,
@@ -270,6 +284,7 @@ impl Book {
             supersedes: None,
             issuance: None,
             cloud_calls: Vec::new(),
+            settled_by_request,
         }
     }
 }

@@ -467,6 +467,7 @@ mod tests {
             supersedes: None,
             issuance: None,
             cloud_calls: Vec::new(),
+            settled_by_request: false,
         };
         let summary = report::CsrSummary {
             name: "csr-1".into(),

@@ -50,7 +50,8 @@ pub(super) fn classify_requester(
     } else {
         "only bootstrap-token users (initial) and the node itself (renewal, adoption) may ask"
     };
-    book.fail(
+    // Who filed it, and the name it asks for: nothing a cluster holds changes this.
+    book.fail_on_request(
         Rule::Requester,
         DenyReason::RequesterNotAllowed,
         format!(

@@ -46,9 +46,10 @@ use tokio::sync::{Notify, Semaphore};
 
 use self::feed::FeedTarget;
 use self::store::{Kind, Listed, ShardStore};
-use self::view_page::for_each_page;
+use self::view_page::for_each_selected_page;
 use crate::controller::backoff::Backoff;
 use crate::locks::{read, write};
+use attestation::names::LABEL_CLUSTER_NAME;
 
 /// A watch cache holding one view per object, keyed by `namespace/name`.
 pub struct ViewCache<V> {
@@ -349,14 +350,22 @@ impl Management {
             .map_err(ApplyError::from_kube)
     }
 
-    /// Reads the Cluster's objects from its namespace, page by page, as the fills do.
+    /// Reads the Cluster's objects from its namespace, page by page, as the fills do, selecting
+    /// them by the `cluster.x-k8s.io/cluster-name` label Cluster API's defaulting webhooks set
+    /// on every Machine and MachinePool (`internal/webhooks/machine.go`,
+    /// `exp/internal/webhooks/machinepool.go`, `Default`) and its controllers on the
+    /// KubeadmConfigs they create: a read costs this Cluster's objects, not the namespace's
+    /// (SPEC section 7, "A hostile workload cluster"). KubeadmConfigs without the label are the
+    /// namespace's, read as the cache keeps them.
     async fn read_inventory(&self, cluster: &ClusterView) -> Result<Inventory, kube::Error> {
         let ours = |name: &Arc<str>| **name == *cluster.name;
+        let labeled = format!("{LABEL_CLUSTER_NAME}={}", cluster.name);
         let mut inventory = Inventory::default();
-        for_each_page(
+        for_each_selected_page(
             &self.client,
             &self.machine_resource,
             &cluster.namespace,
+            Some(&labeled),
             |page: Vec<Listed<MachineView>>| {
                 let page = page.into_iter().filter(|(_, m)| ours(&m.cluster_name));
                 inventory.machines.extend(page.map(|(_, m)| Arc::new(m)));
@@ -365,10 +374,11 @@ impl Management {
         )
         .await?;
         if let Some(resource) = &self.pool_resource {
-            for_each_page(
+            for_each_selected_page(
                 &self.client,
                 resource,
                 &cluster.namespace,
+                Some(&labeled),
                 |page: Vec<Listed<MachinePoolView>>| {
                     let page = page.into_iter().filter(|(_, p)| ours(&p.cluster_name));
                     inventory.pools.extend(page.map(|(_, p)| Arc::new(p)));
@@ -378,20 +388,24 @@ impl Management {
             .await?;
         }
         if let Some(resource) = &self.config_resource {
-            for_each_page(
-                &self.client,
-                resource,
-                &cluster.namespace,
-                |page: Vec<Listed<KubeadmConfigView>>| {
-                    // Labeled for this Cluster, or unlabeled (the namespace's), as the cache keeps them.
-                    let page = page
-                        .into_iter()
-                        .filter(|(_, k)| k.cluster_name.as_ref().is_none_or(ours));
-                    inventory.kubeadm_configs.extend(page.map(|(_, k)| Arc::new(k)));
-                    true
-                },
-            )
-            .await?;
+            let unlabeled = format!("!{LABEL_CLUSTER_NAME}");
+            for selector in [labeled.as_str(), unlabeled.as_str()] {
+                for_each_selected_page(
+                    &self.client,
+                    resource,
+                    &cluster.namespace,
+                    Some(selector),
+                    |page: Vec<Listed<KubeadmConfigView>>| {
+                        // Labeled for this Cluster, or unlabeled (the namespace's), as the cache keeps them.
+                        let page = page
+                            .into_iter()
+                            .filter(|(_, k)| k.cluster_name.as_ref().is_none_or(ours));
+                        inventory.kubeadm_configs.extend(page.map(|(_, k)| Arc::new(k)));
+                        true
+                    },
+                )
+                .await?;
+            }
         }
         Ok(inventory)
     }

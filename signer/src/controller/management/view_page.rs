@@ -163,12 +163,26 @@ pub async fn for_each_page<V: ReadView>(
     client: &Client,
     resource: &ApiResource,
     namespace: &str,
+    each: impl FnMut(Vec<Listed<V>>) -> bool,
+) -> Result<(), kube::Error> {
+    for_each_selected_page(client, resource, namespace, None, each).await
+}
+
+/// [`for_each_page`] of the objects `selector` (a label selector) selects.
+pub async fn for_each_selected_page<V: ReadView>(
+    client: &Client,
+    resource: &ApiResource,
+    namespace: &str,
+    selector: Option<&str>,
     mut each: impl FnMut(Vec<Listed<V>>) -> bool,
 ) -> Result<(), kube::Error> {
     let path = DynamicObject::url_path(resource, Some(namespace));
     let mut token: Option<String> = None;
     loop {
         let mut params = ListParams::default().limit(PAGE);
+        if let Some(selector) = selector {
+            params = params.labels(selector);
+        }
         if let Some(token) = &token {
             params = params.continue_token(token);
         }

@@ -309,8 +309,13 @@ impl Worker {
 }
 
 /// The reason of a denial by a rule that reads the Cluster's Machines, MachinePools or
-/// KubeadmConfigs (rules 7, 9, 10, 11), which the cache may hold stale or not yet.
+/// KubeadmConfigs (rules 7, 9, 10, 11), which the cache may hold stale or not yet. Not one
+/// settled by the CSR alone (a node asking for another node's name): no read changes it, and a
+/// node filing such CSRs would otherwise keep a fresh read running.
 fn denied_on_management_state(decision: &attestation::Decision) -> Option<DenyReason> {
+    if decision.settled_by_request {
+        return None;
+    }
     match &decision.outcome {
         Outcome::Denied { reason, .. }
             if matches!(
