@@ -22,6 +22,7 @@ use attestation::tpm::event_log::{EventLog, HashAlg, event_type, parse};
 
 const KERNEL_VERSION_PREFIX: &str = "vmlinuz-";
 const EFI_GLOBAL_VARIABLE: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
+const EFI_IMAGE_SECURITY_DATABASE: &str = "d719b2cb-3d3a-4596-a3bc-dad00e67656f";
 
 fn packages_root() -> PathBuf {
     let dir = std::env::var_os("KUBELET_AUTHENTICATOR_BOOT_PACKAGES")
@@ -224,6 +225,9 @@ fn boot_log(root: &Path, version: &str, kernel: &Path, secure_boot: u8, command_
     let mut log = Log::default()
         .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[secure_boot])
         .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
+        .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
+        .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", b"dbx")
         .measured(4, event_type::EFI_ACTION, b"Calling EFI Application from Boot Option");
     for pcr in 0..=7 {
         log = log.measured(pcr, event_type::SEPARATOR, &[0, 0, 0, 0]);

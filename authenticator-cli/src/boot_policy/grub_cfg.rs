@@ -74,8 +74,36 @@ pub fn first_entry_command_line(cfg: &str) -> Result<EntryCommandLine, GrubCfgEr
     let words = split_words(linux, &variables)?;
     let argv = words.get(1..).unwrap_or_default();
     let kernel_path = argv.first().cloned().ok_or(GrubCfgError::NoLinuxEntry)?;
-    let measured = argv.iter().map(|w| loader_word(w)).collect::<Vec<_>>().join(" ");
+    let measured = loader_command_line(argv);
     Ok(EntryCommandLine { measured, kernel_path })
+}
+
+/// What grub's `linux` loader measures for `argv` (the kernel's path, then its arguments): the
+/// words as `grub_create_loader_cmdline` writes them, joined by single spaces.
+pub fn loader_command_line(argv: &[String]) -> String {
+    argv.iter().map(|w| loader_word(w)).collect::<Vec<_>>().join(" ")
+}
+
+/// grub's words of `text` with `variables` expanded, as its script runs them: what a menu
+/// entry that grub builds at boot (RHEL-family grub's `blscfg` from a BLS entry) hands its
+/// `linux` command. A variable not in `variables` is [`GrubCfgError::Variable`] with `times` 0.
+pub fn expand_words(text: &str, variables: &BTreeMap<String, String>) -> Result<Vec<String>, GrubCfgError> {
+    let variables = variables
+        .iter()
+        .map(|(name, value)| (name.clone(), (1, value.clone())))
+        .collect();
+    split_words(text, &variables)
+}
+
+/// The variables `cfg` (a `grub.cfg`'s text) sets exactly once, with their values: the ones
+/// whose value at boot the file alone decides, where nothing (`grubenv`) set them before.
+pub fn set_once(cfg: &str) -> BTreeMap<String, String> {
+    let lines: Vec<&str> = cfg.lines().map(str::trim).collect();
+    set_variables(&lines)
+        .into_iter()
+        .filter(|(_, (times, _))| *times == 1)
+        .map(|(name, (_, value))| (name, value))
+        .collect()
 }
 
 fn first_word(line: &str) -> Option<&str> {
