@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::Value;
 
+pub mod index;
 mod packed;
 
 use crate::claim::{ClaimRecord, ClaimState, PoolClaims};
@@ -450,6 +451,30 @@ pub struct Inventory {
     pub pools: Vec<std::sync::Arc<MachinePoolView>>,
     /// KubeadmConfigs in the Cluster's namespace.
     pub kubeadm_configs: Vec<std::sync::Arc<KubeadmConfigView>>,
+    /// The lookups the rules make, built on the first ([`index::InventoryIndex`]). Leave it
+    /// `Default::default()`: it is built from the fields above, which must not change after.
+    pub index: std::sync::OnceLock<index::InventoryIndex>,
+}
+
+impl Inventory {
+    /// An inventory of these objects.
+    pub fn new(
+        machines: Vec<std::sync::Arc<MachineView>>,
+        pools: Vec<std::sync::Arc<MachinePoolView>>,
+        kubeadm_configs: Vec<std::sync::Arc<KubeadmConfigView>>,
+    ) -> Self {
+        Self {
+            machines,
+            pools,
+            kubeadm_configs,
+            index: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The lookups, built on first use.
+    pub fn index(&self) -> &index::InventoryIndex {
+        self.index.get_or_init(|| index::InventoryIndex::build(self))
+    }
 }
 
 impl MachineView {

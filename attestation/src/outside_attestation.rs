@@ -249,6 +249,7 @@ mod tests {
         });
         let _ = &mut pool;
         let inventory = Inventory {
+            index: Default::default(),
             machines: vec![
                 machine("cp-0", "m-cp", None),
                 machine("w-0", "m-w0", Some("w-0")),

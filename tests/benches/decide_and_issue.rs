@@ -50,8 +50,8 @@ fn bench(c: &mut Criterion) {
     }
     let nodes: Vec<NodeView> = Vec::new();
     let verifiers = Verifiers::new().with(InsecureVerifier);
-    // Every rule on the CSR, now, against `inventory`.
-    let decide = |inventory: &Inventory| {
+    // Every rule on a CSR, now, against `inventory`.
+    let decide_csr = |csr: &attestation::CsrObject, inventory: &Inventory| {
         let now = OffsetDateTime::now_utc();
         let clock = Clock {
             now,
@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
             max_age: Duration::minutes(15),
         };
         let inputs = Inputs {
-            csr: &csr,
+            csr,
             cluster: &cluster,
             inventory,
             nodes: &nodes,
@@ -69,6 +69,7 @@ fn bench(c: &mut Criterion) {
         };
         (now, attestation::decide(&inputs).unwrap())
     };
+    let decide = |inventory: &Inventory| decide_csr(&csr, inventory);
 
     let mut group = c.benchmark_group("parse+verify+decide+issue P-256 CSR");
     group.throughput(Throughput::Elements(1));
@@ -96,13 +97,30 @@ fn bench(c: &mut Criterion) {
     // The split storm's shape: 500 Machines in one Cluster, half of them already claimed, so
     // rules 10 and 11 walk every Machine and read its claim.
     let storm = claimed_cluster(500);
+    let hundred = claimed_cluster(100);
+    let large = claimed_cluster(10_000);
     let mut decide_only = c.benchmark_group("decide only (no issuance)");
     decide_only.throughput(Throughput::Elements(1));
     for (name, inventory) in [
         ("P-256 CSR, 100 Machines", &inventory),
         ("P-256 CSR, 500 Machines, 250 claimed", &storm),
+        ("P-256 CSR, 100 Machines, 50 claimed", &hundred),
+        ("P-256 CSR, 10000 Machines, 5000 claimed", &large),
     ] {
         decide_only.bench_function(name, |b| b.iter(|| decide(inventory).1));
+    }
+    // A hostile workload cluster's junk: a well-formed CSR for a provider ID no Machine has
+    // (denied MachineNotFound), at 100 and at 10,000 Machines (SPEC section 7, revision 6).
+    let mut junk = client_csr_object(
+        RequestSpec::kubelet("worker-0", "aws:///us-east-1a/i-unknown").build(),
+        "abcdef",
+    );
+    junk.created = Some(OffsetDateTime::now_utc());
+    for (name, inventory) in [
+        ("junk CSR, 100 Machines, 50 claimed", &hundred),
+        ("junk CSR, 10000 Machines, 5000 claimed", &large),
+    ] {
+        decide_only.bench_function(name, |b| b.iter(|| decide_csr(&junk, inventory).1));
     }
     decide_only.finish();
 

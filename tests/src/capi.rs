@@ -142,6 +142,7 @@ pub fn decide_in(
 ) -> attestation::Decision {
     use attestation::machine::{Inventory, KubeadmConfigView, MachineView};
     let inventory = Inventory {
+        index: Default::default(),
         machines: machines
             .iter()
             .map(|m| MachineView::from_object(m).expect("a Machine").into())

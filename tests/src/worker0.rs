@@ -39,6 +39,7 @@ impl Worker0 {
         Self {
             cluster: ClusterView::from_object(&capi::cluster(attestors)).expect("fixture Cluster"),
             inventory: Inventory {
+                index: Default::default(),
                 machines: vec![
                     MachineView::from_object(&capi::machine("worker-0", Some(provider_id)))
                         .expect("fixture")

@@ -616,7 +616,7 @@ fn aws_documents_of_another_region_ca_or_instance_are_refused() {
         },
         StsEndpoints::regional(),
     )
-        .with_clock(noon);
+    .with_clock(noon);
     let mut pem = aws.ca.regions_pem(&["us-east-2"]);
     pem.push_str(&other_ca.regions_pem(&["eu-west-1"]));
     let two = Verifiers::new()
@@ -879,7 +879,7 @@ fn aws_an_endpoint_with_a_path_is_posted_to_the_path_the_node_signed() {
         },
         endpoints,
     )
-        .with_clock(noon);
+    .with_clock(noon);
     let cluster = ClusterView::from_object(&capi::cluster("aws")).unwrap();
     let decision = decide(&mut attestor, PID_AWS, &verifiers, &cluster, now());
     assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
@@ -898,7 +898,7 @@ fn aws_a_ber_encoded_document_is_read_like_aws_serves_it() {
         },
         StsEndpoints::regional(),
     )
-        .with_clock(noon);
+    .with_clock(noon);
     let decision = aws.decide(&mut attestor);
     assert!(matches!(decision.outcome, Outcome::Approved { .. }), "{decision:?}");
 }

@@ -159,19 +159,21 @@ fn check_san_kinds(book: &mut Book, parsed: &ParsedCsr) -> bool {
 
 fn find_owner<'a>(book: &mut Book, inputs: &Inputs<'a>, name: &NodeName) -> Option<Owner<'a>> {
     let cluster = inputs.cluster;
-    let machines: Vec<_> = inputs
-        .inventory
-        .machines
+    let inventory = inputs.inventory;
+    let index = inventory.index();
+    let machines: Vec<_> = index
+        .machines_holding_node(name.as_str())
         .iter()
+        .map(|&at| &inventory.machines[at])
         .filter(|m| *m.namespace == *cluster.namespace && *m.cluster_name == *cluster.name)
         .filter(|m| {
             m.node_ref() == Some(name.as_str()) || m.valid_claim().is_some_and(|c| c.node_name == name.as_str())
         })
         .collect();
-    let pools: Vec<_> = inputs
-        .inventory
-        .pools
+    let pools: Vec<_> = index
+        .pools_with_claimed_node(name.as_str())
         .iter()
+        .map(|&at| &inventory.pools[at])
         .filter(|p| *p.namespace == *cluster.namespace && *p.cluster_name == *cluster.name)
         .filter(|p| {
             p.provider_ids.iter().any(|pid| {

@@ -97,6 +97,14 @@ struct ClusterLabels {
     cluster: String,
 }
 
+/// A hostile CSR's part the watch cache withheld: its cluster, and what (`request`: larger
+/// than its signer name allows; `metadata`: annotations and labels past 16 KiB).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WithheldLabels {
+    cluster: String,
+    what: &'static str,
+}
+
 /// An issued client certificate: its cluster, and whether it was a join or a renewal.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IssuedLabels {
@@ -163,6 +171,7 @@ pub struct Metrics {
     issued: Family<IssuedLabels, Counter>,
     tpm_challenge_key_loaded: Gauge,
     queue_dropped: Family<ClusterLabels, Counter>,
+    csrs_withheld: Family<WithheldLabels, Counter>,
     leader: Gauge,
     shard_members: Gauge,
     shard_fenced: Gauge,
@@ -196,6 +205,7 @@ impl Metrics {
             issued: Family::default(),
             tpm_challenge_key_loaded: Gauge::default(),
             queue_dropped: Family::default(),
+            csrs_withheld: Family::default(),
             leader: Gauge::default(),
             shard_members: Gauge::default(),
             shard_fenced: Gauge::default(),
@@ -289,6 +299,11 @@ impl Metrics {
             "tpm_challenge_key_loaded",
             "1 once the tpm/v1 challenge key is loaded from its Secret; 0 while tpm/v1 CSRs are held back for want of it",
             metrics.tpm_challenge_key_loaded.clone(),
+        );
+        r.register(
+            "csrs_withheld",
+            "CSRs of the signer's names the watch cache keeps without a part a hostile requester made large, by cluster and what: request (larger than its signer name allows; denied InvalidRequest) or metadata (annotations and labels past 16 KiB)",
+            metrics.csrs_withheld.clone(),
         );
         r.register(
             "queue_dropped",
@@ -488,6 +503,22 @@ impl Metrics {
         self.nodes_outside.remove(&labels);
         self.legacy_csrs_pending.remove(&labels);
         self.queue_dropped.remove(&labels);
+        for what in ["request", "metadata"] {
+            self.csrs_withheld.remove(&WithheldLabels {
+                cluster: cluster.to_owned(),
+                what,
+            });
+        }
+    }
+
+    /// Counts a CSR part the watch cache withheld (`request` or `metadata`).
+    pub fn csr_withheld(&self, cluster: &str, what: &'static str) {
+        self.csrs_withheld
+            .get_or_create(&WithheldLabels {
+                cluster: cluster.to_owned(),
+                what,
+            })
+            .inc();
     }
 
     /// Counts a dropped queue entry.

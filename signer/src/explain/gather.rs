@@ -216,6 +216,7 @@ impl ManagementReader {
         let ours =
             |m_namespace: &str, cluster_name: &str| m_namespace == cluster.namespace && cluster_name == cluster.name;
         let inventory = Inventory {
+            index: Default::default(),
             machines: views(&machines, MachineView::from_object, &mut unreadable)
                 .into_iter()
                 .filter(|m| ours(&m.namespace, &m.cluster_name))

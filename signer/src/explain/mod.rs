@@ -588,6 +588,7 @@ mod tests {
         let facts = ClusterFacts {
             cluster: ClusterView::from_object(&world.cluster).unwrap(),
             inventory: attestation::machine::Inventory {
+                index: Default::default(),
                 machines: world
                     .machines
                     .iter()

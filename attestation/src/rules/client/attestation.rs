@@ -248,16 +248,23 @@ fn ek_conflict(
         pins.any(|p| p.split(',').any(|p| p.trim().eq_ignore_ascii_case(ek))) || claimed.any(|c| c == ek)
     }
     let ours = |namespace: &str, cluster: &str| namespace == inputs.cluster.namespace && cluster == inputs.cluster.name;
-    let elsewhere = inputs.inventory.machines.iter().find(|m| {
-        ours(&m.namespace, &m.cluster_name)
-            && !target.is_machine(m)
-            && held(ek, m.ek_pins(), m.valid_claim().and_then(|c| c.ek_sha256).into_iter())
-    });
+    // Looked up by EK, not by walking the Cluster (inventory::index).
+    let inventory = inputs.inventory;
+    let index = inventory.index();
+    let elsewhere = index
+        .machines_with_ek(ek)
+        .iter()
+        .map(|&at| &inventory.machines[at])
+        .find(|m| {
+            ours(&m.namespace, &m.cluster_name)
+                && !target.is_machine(m)
+                && held(ek, m.ek_pins(), m.valid_claim().and_then(|c| c.ek_sha256).into_iter())
+        });
     let holder = elsewhere.map(|m| format!("Machine {}", m.name())).or_else(|| {
-        inputs
-            .inventory
-            .pools
+        index
+            .pools_with_ek(ek)
             .iter()
+            .map(|&at| &inventory.pools[at])
             .find(|p| {
                 let same = target.is_pool(p);
                 // Within the target pool, only the other instances' claims count, and only

@@ -23,42 +23,42 @@ pub(super) fn find_target<'a>(
     let ours = |name: &str, ns: &str, cluster_name: &str| {
         ns == cluster.namespace && cluster_name == cluster.name && !name.is_empty()
     };
-    // One pass over the Cluster's Machines (every join asks): no list of them is built.
-    let machines = || {
-        inputs
-            .inventory
-            .machines
-            .iter()
-            .map(AsRef::as_ref)
-            .filter(move |m| ours(m.name(), &m.namespace, &m.cluster_name))
-    };
-    let pools: Vec<&MachinePoolView> = inputs
-        .inventory
+    // Looked up by provider ID (every join asks; a walk of the Cluster's Machines made a
+    // decision's cost grow with the Cluster).
+    let inventory = inputs.inventory;
+    let index = inventory.index();
+    let pools: Vec<&MachinePoolView> = inventory
         .pools
         .iter()
         .map(AsRef::as_ref)
         .filter(|p| ours(&p.name, &p.namespace, &p.cluster_name))
         .collect();
 
-    let matching: Vec<&MachineView> = inputs
-        .inventory
-        .machines
+    let matching: Vec<&MachineView> = index
+        .machines_with_provider_id(pid.as_str())
         .iter()
-        .map(AsRef::as_ref)
+        .map(|&at| inventory.machines[at].as_ref())
         .filter(|m| m.provider_id() == Some(pid.as_str()) && ours(m.name(), &m.namespace, &m.cluster_name))
         .collect();
     let target = match matching.as_slice() {
         [one] => Target::Machine(one),
         [] => {
-            let listing: Vec<&MachinePoolView> = pools
+            let listing: Vec<&MachinePoolView> = index
+                .pools_with_provider_id(pid.as_str())
                 .iter()
-                .copied()
+                .map(|&at| inventory.pools[at].as_ref())
+                .filter(|p| ours(&p.name, &p.namespace, &p.cluster_name))
                 .filter(|p| p.provider_ids.iter().any(|x| x == pid.as_str()))
                 .collect();
             match listing.as_slice() {
                 [one] => Target::Pool(one),
                 [] => {
-                    let unset = machines().filter(|m| m.provider_id().is_none()).count();
+                    let unset = index
+                        .machines_without_provider_id()
+                        .iter()
+                        .map(|&at| inventory.machines[at].as_ref())
+                        .filter(|m| ours(m.name(), &m.namespace, &m.cluster_name))
+                        .count();
                     let message = format!(
                         "no Machine or MachinePool of Cluster {} has provider ID {}",
                         cluster.name,
@@ -249,7 +249,9 @@ fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName,
     let for_pool = matches!(target, Target::Pool(_));
     // Every Machine of the Cluster is asked on every join: the one field that can match is read
     // first, and whether it is the target only of a Machine that holds the name.
-    let machine = inputs.inventory.machines.iter().find_map(|m| {
+    let inventory = inputs.inventory;
+    let candidates = inventory.index().machines_named(name, for_pool);
+    let machine = candidates.iter().map(|&at| &inventory.machines[at]).find_map(|m| {
         let how = if m.claimed_node() == Some(name) {
             "its claim"
         } else if m.node_ref() == Some(name) {
@@ -272,10 +274,11 @@ fn name_held_elsewhere(inputs: &Inputs<'_>, target: Target<'_>, name: &NodeName,
         Some(format!("Machine {} ({how})", m.name()))
     });
     machine.or_else(|| {
-        inputs
-            .inventory
-            .pools
+        inventory
+            .index()
+            .pools_with_claimed_node(name)
             .iter()
+            .map(|&at| &inventory.pools[at])
             .filter(|p| ours(&p.namespace, &p.cluster_name))
             .find_map(|p| {
                 let same_pool = target.is_pool(p);

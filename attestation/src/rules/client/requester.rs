@@ -79,10 +79,12 @@ pub(super) fn bind_requester(
     match requester {
         Requester::Bootstrap { username } => match target.bootstrap_config() {
             Some(config) if config.is_kubeadm() => {
-                let found = inputs
-                    .inventory
-                    .kubeadm_configs
+                let inventory = inputs.inventory;
+                let found = inventory
+                    .index()
+                    .configs_named(&config.name)
                     .iter()
+                    .map(|&at| &inventory.kubeadm_configs[at])
                     // A config labeled for another Cluster is not this one's, whichever
                     // replica holds what (a shard keeps only its Clusters' configs).
                     .find(|k| {

@@ -333,7 +333,7 @@ impl Management {
 
     /// The Cluster's Machines, MachinePools and KubeadmConfigs, once listed (`None` before:
     /// decide nothing for it yet).
-    pub fn inventory(&self, cluster: &ClusterView) -> Option<Inventory> {
+    pub fn inventory(&self, cluster: &ClusterView) -> Option<Arc<Inventory>> {
         read(&self.shard).inventory(&cluster.namespace, &cluster.name)
     }
 

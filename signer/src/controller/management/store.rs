@@ -173,6 +173,9 @@ struct Shelf<V> {
     entries: HashSet<Entry<V>>,
     namespace: Arc<str>,
     cluster: Option<Arc<str>>,
+    /// Counts the changes made to `entries`: an inventory built at one count is the shelf's
+    /// until the next.
+    changes: u64,
 }
 
 impl<V: Cached> Shelf<V> {
@@ -181,6 +184,7 @@ impl<V: Cached> Shelf<V> {
             entries: HashSet::new(),
             namespace: Arc::clone(namespace),
             cluster: cluster.cloned(),
+            changes: 0,
         }
     }
 
@@ -191,6 +195,7 @@ impl<V: Cached> Shelf<V> {
 
     fn put(&mut self, resource_version: Option<u64>, mut view: V) {
         view.share(&self.namespace, self.cluster.as_ref());
+        self.changes += 1;
         self.entries.replace(Entry {
             resource_version,
             view: Arc::new(view),
@@ -198,7 +203,9 @@ impl<V: Cached> Shelf<V> {
     }
 
     fn remove(&mut self, name: &str) {
-        self.entries.remove(name);
+        if self.entries.remove(name) {
+            self.changes += 1;
+        }
     }
 
     fn len(&self) -> usize {
@@ -253,7 +260,13 @@ pub struct ShardStore {
     namespaces: HashMap<String, NamespaceSlot>,
     /// The last slot generation handed out.
     generation: u64,
+    /// The last inventory built for each Cluster, with the slots' state it was built at:
+    /// decisions share it (and its index) until the Cluster's objects change.
+    inventories: std::sync::Mutex<HashMap<String, (InventoryStamp, Arc<Inventory>)>>,
 }
+
+/// What an inventory was built from: the slots' generations and their shelves' change counts.
+type InventoryStamp = [u64; 6];
 
 /// A slot to fill: a Cluster (`name`) or a namespace's KubeadmConfigs (`name` empty), as it
 /// was when it started filling. A list started for it fills only that slot: if the Cluster is
@@ -630,17 +643,35 @@ impl ShardStore {
 
     /// The Cluster's Machines, MachinePools and KubeadmConfigs (its own and its namespace's
     /// unlabeled ones), once listed; `None` while it is filling or not served.
-    pub fn inventory(&self, namespace: &str, name: &str) -> Option<Inventory> {
-        let slot = self.clusters.get(&format!("{namespace}/{name}"))?;
+    pub fn inventory(&self, namespace: &str, name: &str) -> Option<Arc<Inventory>> {
+        let key = format!("{namespace}/{name}");
+        let slot = self.clusters.get(&key)?;
         let ns = self.namespaces.get(namespace)?;
         if !matches!((&slot.fill, &ns.fill), (Fill::Listed, Fill::Listed)) {
             return None;
         }
-        Some(Inventory {
-            machines: slot.machines.views().collect(),
-            pools: slot.pools.views().collect(),
-            kubeadm_configs: slot.configs.views().chain(ns.configs.views()).collect(),
-        })
+        let stamp = [
+            slot.generation,
+            slot.machines.changes,
+            slot.pools.changes,
+            slot.configs.changes,
+            ns.generation,
+            ns.configs.changes,
+        ];
+        let mut built = crate::locks::lock(&self.inventories);
+        if let Some((at, inventory)) = built.get(&key)
+            && *at == stamp
+        {
+            return Some(Arc::clone(inventory));
+        }
+        let inventory = Arc::new(Inventory::new(
+            slot.machines.views().collect(),
+            slot.pools.views().collect(),
+            slot.configs.views().chain(ns.configs.views()).collect(),
+        ));
+        built.retain(|cluster, _| self.clusters.contains_key(cluster));
+        built.insert(key, (stamp, Arc::clone(&inventory)));
+        Some(inventory)
     }
 
     /// Whether the Cluster is served and listed.

@@ -77,16 +77,18 @@ pub(super) fn kept(signer_name: &str) -> Option<Kept> {
 /// A watch event as the cache takes it: `None` for a CSR of a name it does not keep, the CSR
 /// slimmed otherwise. Deletions and the list's markers pass (a deletion of a CSR the cache
 /// never held changes nothing).
+/// `withheld` is told what was withheld of a CSR (`request`, `metadata`), for the metrics.
 pub(super) fn admit(
     event: Result<watcher::Event<CertificateSigningRequest>, watcher::Error>,
+    withheld: &dyn Fn(&'static str),
 ) -> Option<Result<watcher::Event<CertificateSigningRequest>, watcher::Error>> {
     match event {
         Ok(watcher::Event::Apply(mut csr)) => {
-            slim(&mut csr)?;
+            slim(&mut csr, withheld)?;
             Some(Ok(watcher::Event::Apply(csr)))
         }
         Ok(watcher::Event::InitApply(mut csr)) => {
-            slim(&mut csr)?;
+            slim(&mut csr, withheld)?;
             Some(Ok(watcher::Event::InitApply(csr)))
         }
         other => Some(other),
@@ -94,7 +96,7 @@ pub(super) fn admit(
 }
 
 /// Slims `csr` to what the signer reads of it; `None` when the cache does not keep it.
-pub(super) fn slim(csr: &mut CertificateSigningRequest) -> Option<()> {
+pub(super) fn slim(csr: &mut CertificateSigningRequest, withheld: &dyn Fn(&'static str)) -> Option<()> {
     let kept = kept(&csr.spec.signer_name)?;
     csr.managed_fields_mut().clear();
     let metadata_bytes: usize = csr
@@ -103,6 +105,9 @@ pub(super) fn slim(csr: &mut CertificateSigningRequest) -> Option<()> {
         .chain(csr.labels().iter())
         .map(|(k, v)| k.len() + v.len())
         .sum();
+    if kept != Kept::Legacy && metadata_bytes > MAX_KEPT_METADATA && stage(csr) != Stage::Done {
+        withheld("metadata");
+    }
     if kept == Kept::Legacy || metadata_bytes > MAX_KEPT_METADATA {
         // Written back (an approval carries the cached object's metadata), a hostile CSR
         // keeps only what the signer reads of it.
@@ -130,6 +135,7 @@ pub(super) fn slim(csr: &mut CertificateSigningRequest) -> Option<()> {
     {
         let len = csr.spec.request.0.len();
         csr.spec.request = k8s_openapi::ByteString(withheld_request(len, max_request));
+        withheld("request");
     }
     Some(())
 }
@@ -174,7 +180,7 @@ mod tests {
     fn a_finished_csr_keeps_its_stage_and_loses_its_payload() {
         let mut issued = csr(SIGNER_INSECURE, &["Approved"], true);
         issued.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut issued).unwrap();
+        slim(&mut issued, &|_| {}).unwrap();
         assert!(issued.spec.request.0.is_empty());
         assert_eq!(
             issued
@@ -189,13 +195,13 @@ mod tests {
 
         let mut denied = csr(SIGNER_INSECURE, &["Denied"], false);
         denied.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut denied).unwrap();
+        slim(&mut denied, &|_| {}).unwrap();
         assert!(denied.spec.request.0.is_empty());
         assert!(!needs_us(&denied));
 
         let mut approved = csr(SIGNER_INSECURE, &["Approved"], false);
         approved.spec.request = k8s_openapi::ByteString(b"request".to_vec());
-        slim(&mut approved).unwrap();
+        slim(&mut approved, &|_| {}).unwrap();
         assert_eq!(
             approved.spec.request.0, b"request",
             "an approved, unsigned CSR is still to sign"
@@ -205,15 +211,21 @@ mod tests {
     #[test]
     fn other_signer_names_are_not_kept_and_kubeadms_lose_their_request() {
         let mut unrelated = with_request("example.com/unrelated", 1 << 20);
-        assert_eq!(slim(&mut unrelated), None);
-        let event = admit(Ok(watcher::Event::InitApply(with_request("example.com/unrelated", 10))));
+        assert_eq!(slim(&mut unrelated, &|_| {}), None);
+        let event = admit(
+            Ok(watcher::Event::InitApply(with_request("example.com/unrelated", 10))),
+            &|_| {},
+        );
         assert!(event.is_none(), "dropped as it is decoded");
-        let deleted = admit(Ok(watcher::Event::Delete(with_request("example.com/unrelated", 10))));
+        let deleted = admit(
+            Ok(watcher::Event::Delete(with_request("example.com/unrelated", 10))),
+            &|_| {},
+        );
         assert!(matches!(deleted, Some(Ok(watcher::Event::Delete(_)))), "deletions pass");
 
         let mut legacy = with_request(LEGACY_KUBELET_SIGNER, 1 << 20);
         legacy.annotations_mut().insert("junk".into(), "x".repeat(200_000));
-        slim(&mut legacy).unwrap();
+        slim(&mut legacy, &|_| {}).unwrap();
         assert!(legacy.spec.request.0.is_empty());
         assert!(legacy.annotations().is_empty());
         assert_eq!(stage(&legacy), Stage::Pending, "still reported as pending");
@@ -221,8 +233,10 @@ mod tests {
 
     #[test]
     fn a_request_larger_than_its_signer_allows_is_withheld_and_refused_naming_its_size() {
+        let told = std::cell::RefCell::new(Vec::new());
         let mut big = with_request(SIGNER_GCP, MAX_REQUEST_BYTES + 1);
-        slim(&mut big).unwrap();
+        slim(&mut big, &|what| told.borrow_mut().push(what)).unwrap();
+        assert_eq!(*told.borrow(), ["request"], "counted for the metrics");
         assert!(big.spec.request.0.len() < 64);
         assert!(needs_us(&big), "still decided: denied for its size");
         assert_eq!(
@@ -234,13 +248,13 @@ mod tests {
         );
         // tpm/v1 may carry its event log: 576 KiB are kept, one byte more is not.
         let mut tpm = with_request(SIGNER_TPM, MAX_TPM_REQUEST_BYTES);
-        slim(&mut tpm).unwrap();
+        slim(&mut tpm, &|_| {}).unwrap();
         assert_eq!(tpm.spec.request.0.len(), MAX_TPM_REQUEST_BYTES);
         let mut tpm = with_request(SIGNER_TPM, MAX_TPM_REQUEST_BYTES + 1);
-        slim(&mut tpm).unwrap();
+        slim(&mut tpm, &|_| {}).unwrap();
         assert!(tpm.spec.request.0.len() < 64);
         let mut small = with_request(SIGNER_GCP, MAX_REQUEST_BYTES);
-        slim(&mut small).unwrap();
+        slim(&mut small, &|_| {}).unwrap();
         assert_eq!(small.spec.request.0.len(), MAX_REQUEST_BYTES);
     }
 
@@ -249,7 +263,7 @@ mod tests {
         let mut csr = with_request(SIGNER_TPM, 10);
         csr.annotations_mut().insert("example.com/note".into(), "hello".into());
         csr.labels_mut().insert("l".into(), "v".into());
-        slim(&mut csr).unwrap();
+        slim(&mut csr, &|_| {}).unwrap();
         assert_eq!(csr.annotations()["example.com/note"], "hello");
         assert_eq!(csr.labels()["l"], "v");
     }
@@ -265,7 +279,7 @@ mod tests {
             "y".repeat(MAX_CHALLENGE_ANNOTATION + 1),
         );
         csr.labels_mut().insert("l".into(), "v".into());
-        slim(&mut csr).unwrap();
+        slim(&mut csr, &|_| {}).unwrap();
         let kept = csr.annotations();
         assert_eq!(kept.len(), 2);
         assert_eq!(kept[ANNOTATION_TPM_CHALLENGE], "{\"issuedAt\":\"...\"}");

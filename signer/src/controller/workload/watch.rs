@@ -29,8 +29,11 @@ impl Worker {
         // Paged small, and only what the signer reads kept (super::intake): a hostile workload
         // cluster's CSRs cost bounded memory from the first list on.
         let config = watcher::Config::default().page_size(intake::CSR_PAGE);
+        let metrics = self.shared.metrics.clone();
+        let key = self.key.clone();
+        let withheld = move |what: &'static str| metrics.csr_withheld(&key, what);
         let mut events = watcher(api, config)
-            .filter_map(|event| std::future::ready(intake::admit(event)))
+            .filter_map(move |event| std::future::ready(intake::admit(event, &withheld)))
             .reflect(writer)
             .boxed();
         let mut backoff = Backoff::default();
