@@ -199,6 +199,12 @@ impl Worker {
             .replace_subresource(subresource, name, &PostParams::default(), body)
             .map_err(|e| ApplyError::Transient(format!("cannot build the {subresource} update: {e}")))?;
         request.extensions_mut().insert("replace_subresource");
+        // Only the answer's metadata: the whole CSR again is a megabyte for a hostile one, and
+        // at the fleet's concurrency the answers alone were most of a flood's memory.
+        request.headers_mut().insert(
+            hyper::http::header::ACCEPT,
+            hyper::http::HeaderValue::from_static(PARTIAL_METADATA),
+        );
         let answer = self.client.request_text(request).await.map_err(ApplyError::from_kube)?;
         Ok(written_version(&answer))
     }
@@ -335,6 +341,10 @@ fn condition(type_: &str, reason: &str, message: &str) -> CertificateSigningRequ
 }
 
 /// `metadata.resourceVersion` of a written object's JSON; the rest is skipped by the parser.
+/// The media type asking an apiserver to answer a write with the object's metadata alone
+/// (`meta.k8s.io/v1` `PartialObjectMetadata`), JSON as the fallback of one that cannot.
+const PARTIAL_METADATA: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1, application/json";
+
 fn written_version(answer: &str) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Written {

@@ -6,7 +6,7 @@
 //! decoded a 500-object page of 560 MB: an out-of-memory kill on every start. So:
 //!
 //! - The list is read in pages of [`CSR_PAGE`] objects: one page of the largest CSRs etcd
-//!   stores is tens of megabytes, not hundreds.
+//!   stores is about 8 MiB, not hundreds.
 //! - Only CSRs of the names the signer reads reach the cache ([`Kept`]): its own signer names
 //!   (which it decides) and kubeadm's kubelet name (whose pending CSRs it reports). Any other
 //!   signer name is dropped as it is decoded.
@@ -40,9 +40,9 @@ use kube::runtime::watcher;
 use crate::csr_object::{Stage, stage};
 
 /// Objects per page of the CSR list: etcd stores objects of up to about 1.5 MiB, so a page
-/// costs at most about 30 MiB of JSON while it is decoded, and a cluster of a thousand CSRs
-/// lists in fifty requests.
-pub(super) const CSR_PAGE: u32 = 20;
+/// costs at most about 8 MiB of JSON while it is decoded. kube-controller-manager's cleaner
+/// keeps a cluster's CSRs to about a day's (an hour's once decided): a few pages.
+pub(super) const CSR_PAGE: u32 = 5;
 
 /// The largest challenge annotation kept: the signer's own are under 4 KiB.
 pub(super) const MAX_CHALLENGE_ANNOTATION: usize = 16 * 1024;
