@@ -2407,7 +2407,8 @@ fn every_failing_cheap_rule_is_reported_not_just_the_first() {
 /// read of the management cluster; one that rests on what the management cluster holds is not.
 #[test]
 fn only_a_denial_on_the_csr_alone_is_settled_without_a_read() {
-    let cases: [(&str, fn() -> Scenario, bool); 4] = [
+    type SettledCase = (&'static str, fn() -> Scenario, bool);
+    let cases: [SettledCase; 4] = [
         (
             "a node asking for another node's name",
             || {

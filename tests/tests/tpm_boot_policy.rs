@@ -229,3 +229,45 @@ fn the_five_forged_boots_are_refused_on_a_real_tpm() {
         assert!(message.contains(&forged.refusal), "{}: {message}", forged.what);
     }
 }
+
+/// Every real boot of `testdata/event_logs` that swtpm can play (a SHA-256 bank, PCR 0 started
+/// at locality 0) and that ran a boot application, played into swtpm as its firmware measured
+/// it and sent by the node's attestor: approved through both phases under the policy its own
+/// measurements make (`attestation::tpm::boot_policy::from_log`).
+#[test]
+#[ignore = "needs swtpm"]
+fn every_real_boot_swtpm_can_play_is_approved_under_its_own_policy() {
+    use tests::boot_log::own_policy;
+    let mut tpm = Swtpm::start("tpm_boot_real_logs");
+    let log_file = tpm.path("binary_bios_measurements");
+    let mut world = World::new();
+    let mut node = TpmAttestor::new(&tpm.tcti)
+        .unwrap()
+        .with_event_log(EventLogSource::File(log_file.clone()));
+    let mut played = Vec::new();
+    for name in [
+        "keylime_binary_bios_measurements-secureboot",
+        "coreos_36_shielded_vm_no_secure_boot_eventlog",
+        "ubuntu_2104_shielded_vm_no_secure_boot_eventlog",
+        "sb_cert_eventlog",
+        "crypto_agile_eventlog",
+        "go_tpm_tools_arch_linux_workstation_systemd_boot_eventlog",
+        "go_tpm_tools_ubuntu_2404_amd_sevsnp_eventlog",
+        "go_tpm_tools_rhel8_gce_eventlog",
+        "keylime_uefi_eventlog_rhcos_eventlog",
+        "keylime_uefi_eventlog_rhel84_netboot_eventlog",
+        "tpm2_tools_rhel9_moklisttrusted_eventlog",
+    ] {
+        let bytes = boot_log::read(name);
+        let log = event_log::parse(&bytes).unwrap();
+        assert_eq!(log.startup_locality, None, "{name}: swtpm starts PCR 0 at locality 0");
+        boot(&mut tpm, &log_file, &bytes, &bytes);
+        world.boot_policy = loaded(&own_policy(&log, name));
+        let k = key();
+        let first = world.challenged(&mut node, &k);
+        approved(&world.phase_two(&mut node, &k, &first).1, name);
+        world.finish_all();
+        played.push(name);
+    }
+    assert_eq!(played.len(), 11);
+}
