@@ -18,11 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use attestation::tpm::boot_policy::{BootPolicy, PolicyDocument, judge};
-use attestation::tpm::event_log::{EventLog, HashAlg, event_type, parse};
+use attestation::tpm::event_log::HashAlg;
 
 const KERNEL_VERSION_PREFIX: &str = "vmlinuz-";
-const EFI_GLOBAL_VARIABLE: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
-const EFI_IMAGE_SECURITY_DATABASE: &str = "d719b2cb-3d3a-4596-a3bc-dad00e67656f";
 
 fn packages_root() -> PathBuf {
     let dir = std::env::var_os("KUBELET_AUTHENTICATOR_BOOT_PACKAGES")
@@ -128,92 +126,7 @@ fn sha256(bytes: &[u8]) -> Vec<u8> {
     HashAlg::Sha256.digest(bytes)
 }
 
-/// A crypto-agile SHA-256 log, built event by event as the firmware, shim and grub write it.
-#[derive(Default)]
-struct Log(Vec<(u32, u32, Vec<u8>, Vec<u8>)>);
-
-impl Log {
-    fn event(mut self, pcr: u32, kind: u32, digest: Vec<u8>, data: Vec<u8>) -> Self {
-        self.0.push((pcr, kind, digest, data));
-        self
-    }
-
-    fn measured(self, pcr: u32, kind: u32, data: &[u8]) -> Self {
-        self.event(pcr, kind, sha256(data), data.to_vec())
-    }
-
-    /// `UEFI_VARIABLE_DATA` of an `EV_EFI_VARIABLE_DRIVER_CONFIG`.
-    fn variable(self, guid: &str, name: &str, value: &[u8]) -> Self {
-        let hex: String = guid.chars().filter(|c| *c != '-').collect();
-        let b = unhex(&hex);
-        let mut data = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
-        data.extend(&b[8..]);
-        let name: Vec<u16> = name.encode_utf16().collect();
-        data.extend((name.len() as u64).to_le_bytes());
-        data.extend((value.len() as u64).to_le_bytes());
-        data.extend(name.iter().flat_map(|u| u.to_le_bytes()));
-        data.extend(value);
-        self.measured(7, event_type::EFI_VARIABLE_DRIVER_CONFIG, &data)
-    }
-
-    /// An `EV_EFI_BOOT_SERVICES_APPLICATION`: `UEFI_IMAGE_LOAD_EVENT` with a file path node.
-    /// No path: shim's `tpm_log_pe` for what grub has it verify (a NULL device path).
-    fn application(self, authenticode: Vec<u8>, path: &str) -> Self {
-        let mut device_path = Vec::new();
-        if !path.is_empty() {
-            let name: Vec<u8> = path.encode_utf16().chain([0]).flat_map(u16::to_le_bytes).collect();
-            device_path.extend([0x04, 0x04]);
-            device_path.extend(((name.len() + 4) as u16).to_le_bytes());
-            device_path.extend(name);
-            device_path.extend([0x7f, 0xff, 0x04, 0x00]);
-        }
-        let mut data = vec![0u8; 24];
-        data.extend((device_path.len() as u64).to_le_bytes());
-        data.extend(device_path);
-        self.event(4, event_type::EFI_BOOT_SERVICES_APPLICATION, authenticode, data)
-    }
-
-    /// grub's PCR 8 string: `prefix + text + NUL` logged, `text` measured.
-    fn grub(self, prefix: &str, text: &str) -> Self {
-        self.event(
-            8,
-            event_type::IPL,
-            sha256(text.as_bytes()),
-            format!("{prefix}{text}\0").into_bytes(),
-        )
-    }
-
-    /// grub's PCR 9 file: the name logged, the contents measured.
-    fn file(self, name: &str, digest: Vec<u8>) -> Self {
-        self.event(9, event_type::IPL, digest, format!("{name}\0").into_bytes())
-    }
-
-    fn parsed(&self) -> EventLog {
-        let mut spec = b"Spec ID Event03\0".to_vec();
-        spec.extend(0u32.to_le_bytes());
-        spec.extend([0, 2, 0, 2]);
-        spec.extend(1u32.to_le_bytes());
-        spec.extend(0x000Bu16.to_le_bytes());
-        spec.extend(32u16.to_le_bytes());
-        spec.push(0);
-        let mut out = Vec::new();
-        out.extend(0u32.to_le_bytes());
-        out.extend(event_type::NO_ACTION.to_le_bytes());
-        out.extend([0u8; 20]);
-        out.extend((spec.len() as u32).to_le_bytes());
-        out.extend(spec);
-        for (pcr, kind, digest, data) in &self.0 {
-            out.extend(pcr.to_le_bytes());
-            out.extend(kind.to_le_bytes());
-            out.extend(1u32.to_le_bytes());
-            out.extend(0x000Bu16.to_le_bytes());
-            out.extend(digest);
-            out.extend((data.len() as u32).to_le_bytes());
-            out.extend(data);
-        }
-        parse(&out).expect("the log parses")
-    }
-}
+use tests::boot_log::synthetic::Log;
 
 /// What a Secure Boot of `root`'s files through shim and grub logs (the order of the real
 /// Ubuntu log: grub reads the kernel into PCR 9, has shim verify it, which measures it into
@@ -222,17 +135,9 @@ fn boot_log(root: &Path, version: &str, kernel: &Path, secure_boot: u8, command_
     let esp = root.join("boot/efi/EFI/debian");
     let initrd = root.join(format!("boot/initrd.img-{version}"));
     let grub_cfg = root.join("boot/grub/grub.cfg");
-    let mut log = Log::default()
-        .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[secure_boot])
-        .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
-        .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
-        .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
-        .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", b"dbx")
-        .measured(4, event_type::EFI_ACTION, b"Calling EFI Application from Boot Option");
-    for pcr in 0..=7 {
-        log = log.measured(pcr, event_type::SEPARATOR, &[0, 0, 0, 0]);
-    }
-    log.application(pesign(&esp.join("shimx64.efi")), "\\EFI\\debian\\shimx64.efi")
+    Log::default()
+        .firmware(secure_boot)
+        .application(pesign(&esp.join("shimx64.efi")), "\\EFI\\debian\\shimx64.efi")
         .application(pesign(&esp.join("grubx64.efi")), "\\EFI\\debian\\grubx64.efi")
         .file("(hd0,gpt1)/boot/grub/grub.cfg", sha256sum(&grub_cfg))
         .grub("grub_cmd: ", &format!("linux {command_line}"))

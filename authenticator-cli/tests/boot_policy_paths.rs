@@ -19,10 +19,8 @@ use std::process::Command;
 
 use attestation::tpm::authenticode;
 use attestation::tpm::boot_policy::{BootPolicy, PolicyDocument, judge};
-use attestation::tpm::event_log::{EventLog, HashAlg, event_type, parse};
+use attestation::tpm::event_log::{HashAlg, event_type};
 
-const EFI_GLOBAL_VARIABLE: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
-const EFI_IMAGE_SECURITY_DATABASE: &str = "d719b2cb-3d3a-4596-a3bc-dad00e67656f";
 /// Every PCR the node quotes.
 const QUOTED: [u32; 7] = [0, 1, 4, 7, 8, 9, 11];
 
@@ -109,120 +107,7 @@ fn utf16(text: &str) -> Vec<u8> {
     text.encode_utf16().chain([0]).flat_map(u16::to_le_bytes).collect()
 }
 
-/// A crypto-agile SHA-256 log, event by event.
-#[derive(Default)]
-struct Log(Vec<(u32, u32, Vec<u8>, Vec<u8>)>);
-
-impl Log {
-    fn event(mut self, pcr: u32, kind: u32, digest: Vec<u8>, data: Vec<u8>) -> Self {
-        self.0.push((pcr, kind, digest, data));
-        self
-    }
-
-    fn measured(self, pcr: u32, kind: u32, data: &[u8]) -> Self {
-        self.event(pcr, kind, sha256(data), data.to_vec())
-    }
-
-    /// What the firmware measures before any boot application: Secure Boot's variables (PCR 7),
-    /// its boot-manager action (PCR 4) and the separators.
-    fn firmware(self, secure_boot: u8) -> Self {
-        let mut log = self;
-        for (guid, name, value) in [
-            (EFI_GLOBAL_VARIABLE, "SecureBoot", &[secure_boot][..]),
-            (EFI_GLOBAL_VARIABLE, "PK", b"pk"),
-            (EFI_GLOBAL_VARIABLE, "KEK", b"kek"),
-            (EFI_IMAGE_SECURITY_DATABASE, "db", b"db"),
-            (EFI_IMAGE_SECURITY_DATABASE, "dbx", b"dbx"),
-        ] {
-            let b: Vec<u8> = (0..16)
-                .map(|i| {
-                    let hex: String = guid.chars().filter(|c| *c != '-').collect();
-                    u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()
-                })
-                .collect();
-            let mut data = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
-            data.extend(&b[8..]);
-            let name: Vec<u16> = name.encode_utf16().collect();
-            data.extend((name.len() as u64).to_le_bytes());
-            data.extend((value.len() as u64).to_le_bytes());
-            data.extend(name.iter().flat_map(|u| u.to_le_bytes()));
-            data.extend(value);
-            log = log.measured(7, event_type::EFI_VARIABLE_DRIVER_CONFIG, &data);
-        }
-        log = log.measured(4, event_type::EFI_ACTION, b"Calling EFI Application from Boot Option");
-        for pcr in 0..=7 {
-            log = log.measured(pcr, event_type::SEPARATOR, &[0, 0, 0, 0]);
-        }
-        log
-    }
-
-    /// A PCR 4 boot application with a file path node (`\EFI\...`), or none (what shim
-    /// verified for grub).
-    fn application(self, authenticode: Vec<u8>, path: &str) -> Self {
-        let mut device_path = Vec::new();
-        if !path.is_empty() {
-            let name: Vec<u8> = utf16(path);
-            device_path.extend([0x04, 0x04]);
-            device_path.extend(((name.len() + 4) as u16).to_le_bytes());
-            device_path.extend(name);
-            device_path.extend([0x7f, 0xff, 0x04, 0x00]);
-        }
-        let mut data = vec![0u8; 24];
-        data.extend((device_path.len() as u64).to_le_bytes());
-        data.extend(device_path);
-        self.event(4, event_type::EFI_BOOT_SERVICES_APPLICATION, authenticode, data)
-    }
-
-    /// A PCR 8 grub string, `digested` the bytes its digest covers.
-    fn grub(self, prefix: &str, text: &str, digested: &[u8]) -> Self {
-        self.event(
-            8,
-            event_type::IPL,
-            sha256(digested),
-            format!("{prefix}{text}\0").into_bytes(),
-        )
-    }
-
-    /// A PCR 9 `EV_IPL` (grub's file read, RHEL grub's `grub_linuxefi` label).
-    fn file(self, label: &str, digest: Vec<u8>) -> Self {
-        self.event(9, event_type::IPL, digest, format!("{label}\0").into_bytes())
-    }
-
-    /// The Linux EFI stub's PCR 9 tagged event.
-    fn stub(self, tag: u32, label: &str, digest: Vec<u8>) -> Self {
-        let label = format!("{label}\0");
-        let mut data = tag.to_le_bytes().to_vec();
-        data.extend((label.len() as u32).to_le_bytes());
-        data.extend(label.as_bytes());
-        self.event(9, event_type::EVENT_TAG, digest, data)
-    }
-
-    fn parsed(&self) -> EventLog {
-        let mut spec = b"Spec ID Event03\0".to_vec();
-        spec.extend(0u32.to_le_bytes());
-        spec.extend([0, 2, 0, 2]);
-        spec.extend(1u32.to_le_bytes());
-        spec.extend(0x000Bu16.to_le_bytes());
-        spec.extend(32u16.to_le_bytes());
-        spec.push(0);
-        let mut out = Vec::new();
-        out.extend(0u32.to_le_bytes());
-        out.extend(event_type::NO_ACTION.to_le_bytes());
-        out.extend([0u8; 20]);
-        out.extend((spec.len() as u32).to_le_bytes());
-        out.extend(spec);
-        for (pcr, kind, digest, data) in &self.0 {
-            out.extend(pcr.to_le_bytes());
-            out.extend(kind.to_le_bytes());
-            out.extend(1u32.to_le_bytes());
-            out.extend(0x000Bu16.to_le_bytes());
-            out.extend(digest);
-            out.extend((data.len() as u32).to_le_bytes());
-            out.extend(data);
-        }
-        parse(&out).expect("the log parses")
-    }
-}
+use tests::boot_log::synthetic::Log;
 
 fn allowed(text: &str, log: &Log) {
     let policy = BootPolicy::parse(text).unwrap();
@@ -299,11 +184,11 @@ fn a_rhel_grub_root_prints_its_bls_entry_s_policy_and_the_judge_allows_its_boot(
             .firmware(1)
             .application(pe(&shim), "\\EFI\\redhat\\shimx64.efi")
             .application(pe(&grub), "\\EFI\\redhat\\grubx64.efi")
-            .grub("grub_cmd ", &command, format!("{command}\0").as_bytes())
+            .grub_covering("grub_cmd ", &command, format!("{command}\0").as_bytes())
             .file("grub_linuxefi Kernel", file_sha256(&kernel))
             .application(pe(&kernel), "")
-            .grub("grub_kernel_cmdline ", &linux, linux.as_bytes())
-            .grub("grub_cmd ", &initrd_command, format!("{initrd_command}\0").as_bytes())
+            .grub_covering("grub_kernel_cmdline ", &linux, linux.as_bytes())
+            .grub_covering("grub_cmd ", &initrd_command, format!("{initrd_command}\0").as_bytes())
             .file("grub_linuxefi Initrd", initrd)
     };
     allowed(&text, &boot(args, file_sha256(&initrd)));

@@ -316,3 +316,147 @@ pub mod forgery {
         ]
     }
 }
+
+/// Synthetic measured-boot logs for the boot-policy suites: a crypto-agile SHA-256 log built
+/// event by event, as the firmware, shim, grub, systemd-boot and the Linux stub write them.
+pub mod synthetic {
+    use attestation::tpm::event_log::{EventLog, HashAlg, event_type, parse};
+
+    /// `EFI_GLOBAL_VARIABLE`: `SecureBoot`, `PK`, `KEK`.
+    pub const EFI_GLOBAL_VARIABLE: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
+    /// `EFI_IMAGE_SECURITY_DATABASE_GUID`: `db`, `dbx`.
+    pub const EFI_IMAGE_SECURITY_DATABASE: &str = "d719b2cb-3d3a-4596-a3bc-dad00e67656f";
+
+    fn sha256(bytes: &[u8]) -> Vec<u8> {
+        HashAlg::Sha256.digest(bytes)
+    }
+
+    /// A log being built: `(pcr, type, digest, data)` per event.
+    #[derive(Default, Clone)]
+    pub struct Log(Vec<(u32, u32, Vec<u8>, Vec<u8>)>);
+
+    impl Log {
+        /// An event with this digest.
+        pub fn event(mut self, pcr: u32, kind: u32, digest: Vec<u8>, data: Vec<u8>) -> Self {
+            self.0.push((pcr, kind, digest, data));
+            self
+        }
+
+        /// An event whose digest covers its data.
+        pub fn measured(self, pcr: u32, kind: u32, data: &[u8]) -> Self {
+            self.event(pcr, kind, sha256(data), data.to_vec())
+        }
+
+        /// A PCR 7 `EV_EFI_VARIABLE_DRIVER_CONFIG` (`UEFI_VARIABLE_DATA`).
+        pub fn variable(self, guid: &str, name: &str, value: &[u8]) -> Self {
+            let hex: String = guid.chars().filter(|c| *c != '-').collect();
+            let b: Vec<u8> = (0..16)
+                .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("a GUID"))
+                .collect();
+            let mut data = vec![b[3], b[2], b[1], b[0], b[5], b[4], b[7], b[6]];
+            data.extend(&b[8..]);
+            let name: Vec<u16> = name.encode_utf16().collect();
+            data.extend((name.len() as u64).to_le_bytes());
+            data.extend((value.len() as u64).to_le_bytes());
+            data.extend(name.iter().flat_map(|u| u.to_le_bytes()));
+            data.extend(value);
+            self.measured(7, event_type::EFI_VARIABLE_DRIVER_CONFIG, &data)
+        }
+
+        /// What the firmware measures before any boot application: Secure Boot's five
+        /// variables (PCR 7), its boot-manager action (PCR 4) and the separators of PCRs 0-7.
+        pub fn firmware(self, secure_boot: u8) -> Self {
+            let mut log = self
+                .variable(EFI_GLOBAL_VARIABLE, "SecureBoot", &[secure_boot])
+                .variable(EFI_GLOBAL_VARIABLE, "PK", b"pk")
+                .variable(EFI_GLOBAL_VARIABLE, "KEK", b"kek")
+                .variable(EFI_IMAGE_SECURITY_DATABASE, "db", b"db")
+                .variable(EFI_IMAGE_SECURITY_DATABASE, "dbx", b"dbx")
+                .measured(4, event_type::EFI_ACTION, b"Calling EFI Application from Boot Option");
+            for pcr in 0..=7 {
+                log = log.measured(pcr, event_type::SEPARATOR, &[0, 0, 0, 0]);
+            }
+            log
+        }
+
+        /// An `EV_EFI_BOOT_SERVICES_APPLICATION`: `UEFI_IMAGE_LOAD_EVENT` with a file path node.
+        /// No path: shim's `tpm_log_pe` for what grub has it verify (a NULL device path).
+        pub fn application(self, authenticode: Vec<u8>, path: &str) -> Self {
+            let mut device_path = Vec::new();
+            if !path.is_empty() {
+                let name: Vec<u8> = path.encode_utf16().chain([0]).flat_map(u16::to_le_bytes).collect();
+                device_path.extend([0x04, 0x04]);
+                device_path.extend(u16::try_from(name.len() + 4).expect("a short path").to_le_bytes());
+                device_path.extend(name);
+                device_path.extend([0x7f, 0xff, 0x04, 0x00]);
+            }
+            let mut data = vec![0u8; 24];
+            data.extend((device_path.len() as u64).to_le_bytes());
+            data.extend(device_path);
+            self.event(4, event_type::EFI_BOOT_SERVICES_APPLICATION, authenticode, data)
+        }
+
+        /// grub's PCR 8 string: `prefix + text + NUL` logged, `text` measured.
+        pub fn grub(self, prefix: &str, text: &str) -> Self {
+            self.grub_covering(prefix, text, text.as_bytes())
+        }
+
+        /// A PCR 8 grub string whose digest covers `digested` (RHEL-family grub's commands
+        /// hash their NUL too).
+        pub fn grub_covering(self, prefix: &str, text: &str, digested: &[u8]) -> Self {
+            self.event(
+                8,
+                event_type::IPL,
+                sha256(digested),
+                format!("{prefix}{text}\0").into_bytes(),
+            )
+        }
+
+        /// A PCR 9 `EV_IPL`: grub's file read (the name logged, the contents measured), or RHEL
+        /// grub's `grub_linuxefi` label.
+        pub fn file(self, label: &str, digest: Vec<u8>) -> Self {
+            self.event(9, event_type::IPL, digest, format!("{label}\0").into_bytes())
+        }
+
+        /// The Linux EFI stub's PCR 9 tagged event.
+        pub fn stub(self, tag: u32, label: &str, digest: Vec<u8>) -> Self {
+            let label = format!("{label}\0");
+            let mut data = tag.to_le_bytes().to_vec();
+            data.extend(u32::try_from(label.len()).expect("a short label").to_le_bytes());
+            data.extend(label.as_bytes());
+            self.event(9, event_type::EVENT_TAG, digest, data)
+        }
+
+        /// The log's bytes: the `Spec ID Event03` header, then the events.
+        pub fn bytes(&self) -> Vec<u8> {
+            let mut spec = b"Spec ID Event03\0".to_vec();
+            spec.extend(0u32.to_le_bytes());
+            spec.extend([0, 2, 0, 2]);
+            spec.extend(1u32.to_le_bytes());
+            spec.extend(0x000Bu16.to_le_bytes());
+            spec.extend(32u16.to_le_bytes());
+            spec.push(0);
+            let mut out = Vec::new();
+            out.extend(0u32.to_le_bytes());
+            out.extend(event_type::NO_ACTION.to_le_bytes());
+            out.extend([0u8; 20]);
+            out.extend(u32::try_from(spec.len()).expect("a short header").to_le_bytes());
+            out.extend(spec);
+            for (pcr, kind, digest, data) in &self.0 {
+                out.extend(pcr.to_le_bytes());
+                out.extend(kind.to_le_bytes());
+                out.extend(1u32.to_le_bytes());
+                out.extend(0x000Bu16.to_le_bytes());
+                out.extend(digest);
+                out.extend(u32::try_from(data.len()).expect("a short event").to_le_bytes());
+                out.extend(data);
+            }
+            out
+        }
+
+        /// The log, parsed.
+        pub fn parsed(&self) -> EventLog {
+            parse(&self.bytes()).expect("the log parses")
+        }
+    }
+}

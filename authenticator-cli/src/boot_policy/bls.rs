@@ -123,6 +123,22 @@ pub struct Choice<'a> {
     pub skip_rescue: bool,
 }
 
+impl<'a> Choice<'a> {
+    /// What the flags ask for: `--kernel-version`, else `--kernel`'s file name.
+    pub fn from_args(args: &'a super::BootPolicyArgs, skip_rescue: bool) -> Self {
+        let kernel_name = args
+            .kernel
+            .as_deref()
+            .and_then(std::path::Path::file_name)
+            .and_then(|n| n.to_str());
+        Self {
+            version: args.kernel_version.as_deref(),
+            kernel_name: kernel_name.filter(|_| args.kernel_version.is_none()),
+            skip_rescue,
+        }
+    }
+}
+
 /// The entry that boots: the one `choice` names, else the newest kernel version's.
 pub fn choose<'e>(entries: &'e [(PathBuf, Entry)], choice: Choice<'_>) -> Result<&'e (PathBuf, Entry)> {
     let candidates: Vec<&(PathBuf, Entry)> = entries

@@ -74,6 +74,20 @@ fn read_bounded(path: &Path, max: u64, what: &str, give: &str) -> Result<Vec<u8>
     std::fs::read(path).with_context(|| format!("reading {what} ({}; give {give})", path.display()))
 }
 
+/// shim (`--shim`, else the one `boot/efi/EFI/*/shimx64.efi` under `--root`) and the loader
+/// beside it (`--grub`, else its `grubx64.efi`): the two grub boot paths' first applications.
+pub fn shim_and_grub(args: &super::BootPolicyArgs) -> Result<(PathBuf, PathBuf)> {
+    let shim = match &args.shim {
+        Some(path) => path.clone(),
+        None => shim(&args.root)?,
+    };
+    let grub = match &args.grub {
+        Some(path) => path.clone(),
+        None => shim.with_file_name("grubx64.efi"),
+    };
+    Ok((shim, grub))
+}
+
 /// The newest `VER` of `root/boot/vmlinuz-VER`, by version order.
 pub fn newest_kernel_version(root: &Path) -> Result<String> {
     let boot = root.join("boot");

@@ -12,14 +12,7 @@ use super::{BootApplication, BootFiles, BootPolicyArgs, command_line_or, files, 
 /// The files of Debian's grub boot path under `args.root`, the flags' where given.
 pub fn read(args: &BootPolicyArgs) -> Result<BootFiles> {
     let root = &args.root;
-    let shim = match &args.shim {
-        Some(path) => path.clone(),
-        None => files::shim(root)?,
-    };
-    let grub = match &args.grub {
-        Some(path) => path.clone(),
-        None => shim.with_file_name("grubx64.efi"),
-    };
+    let (shim, grub) = files::shim_and_grub(args)?;
     let version = match &args.kernel_version {
         Some(version) => version.clone(),
         None if args.kernel.is_some() => String::new(),

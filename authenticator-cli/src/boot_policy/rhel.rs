@@ -29,27 +29,11 @@ const GIVE: &str = "give --kernel PATH, --initrd PATH or --no-initrd, and --comm
 /// The files of RHEL-family grub's boot path under `args.root`, the flags' where given.
 pub fn read(args: &BootPolicyArgs) -> Result<BootFiles> {
     let root = &args.root;
-    let shim = match &args.shim {
-        Some(path) => path.clone(),
-        None => files::shim(root)?,
-    };
-    let grub = match &args.grub {
-        Some(path) => path.clone(),
-        None => shim.with_file_name("grubx64.efi"),
-    };
+    let (shim, grub) = files::shim_and_grub(args)?;
     let mut notes = Vec::new();
     let chosen = if args.kernel.is_none() || reads_configuration(args) {
         let entries = bls::read_dir(&root.join("boot/loader/entries"), GIVE)?;
-        let kernel_name = args
-            .kernel
-            .as_deref()
-            .and_then(Path::file_name)
-            .and_then(|n| n.to_str());
-        let choice = Choice {
-            version: args.kernel_version.as_deref(),
-            kernel_name: kernel_name.filter(|_| args.kernel_version.is_none()),
-            skip_rescue: true,
-        };
+        let choice = Choice::from_args(args, true);
         let (file, entry) = bls::choose(&entries, choice)?;
         notes.push(format!("BLS entry {}", file.display()));
         Some((file.clone(), entry.clone()))

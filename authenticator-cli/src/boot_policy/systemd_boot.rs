@@ -129,16 +129,7 @@ fn choose<'e>(
     args: &BootPolicyArgs,
     notes: &mut Vec<String>,
 ) -> Result<&'e (PathBuf, Entry)> {
-    let kernel_name = args
-        .kernel
-        .as_deref()
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str());
-    let choice = Choice {
-        version: args.kernel_version.as_deref(),
-        kernel_name: kernel_name.filter(|_| args.kernel_version.is_none()),
-        skip_rescue: false,
-    };
+    let choice = Choice::from_args(args, false);
     if choice.version.is_some() || choice.kernel_name.is_some() {
         return bls::choose(entries, choice);
     }
