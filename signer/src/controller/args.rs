@@ -91,6 +91,11 @@ pub struct RunArgs {
     /// Most CSR names queued per cluster; more are picked up at the next resync.
     #[arg(long, env = "SIGNER_QUEUE_CAPACITY", default_value_t = 1000)]
     pub queue_capacity: usize,
+    /// Most bytes of CSR requests the watch cache holds per workload cluster (SPEC section 7, "A
+    /// hostile workload cluster"). Past it, a pending CSR is held without its request and read
+    /// from the apiserver when it is decided: a flood costs a read per CSR, never a lost join.
+    #[arg(long, env = "SIGNER_CSR_REQUEST_BYTES_PER_CLUSTER", default_value_t = 32 * 1024 * 1024)]
+    pub csr_request_bytes_per_cluster: usize,
     /// Most CSRs of one cluster in flight at once. The fleet's limit, adapted to how the
     /// apiservers answer, applies on top and is shared among busy clusters in turn.
     #[arg(long, env = "SIGNER_CONCURRENCY_PER_CLUSTER", default_value_t = 64)]

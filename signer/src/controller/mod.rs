@@ -253,6 +253,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
             resync: args.resync_period,
             secret_resync: args.secret_resync_period,
             queue_capacity: args.queue_capacity,
+            csr_request_bytes: args.csr_request_bytes_per_cluster,
             concurrency: args.concurrency_per_cluster,
             request_timeout: args.request_timeout,
             workload_certificate_duration: workload_certificate_duration(args.workload_certificate_duration)?,

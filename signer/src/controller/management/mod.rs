@@ -355,41 +355,43 @@ impl Management {
     /// on every Machine and MachinePool (`internal/webhooks/machine.go`,
     /// `exp/internal/webhooks/machinepool.go`, `Default`) and its controllers on the
     /// KubeadmConfigs they create: a read costs this Cluster's objects, not the namespace's
-    /// (SPEC section 7, "A hostile workload cluster"). KubeadmConfigs without the label are the
-    /// namespace's, read as the cache keeps them.
+    /// (SPEC section 7, "A hostile workload cluster"). Objects without the label (created with
+    /// no webhook in the way, and KubeadmConfigs any Cluster of the namespace may read) are read
+    /// too, as the cache keeps them: in a namespace Cluster API manages, that list is empty.
     async fn read_inventory(&self, cluster: &ClusterView) -> Result<Inventory, kube::Error> {
         let ours = |name: &Arc<str>| **name == *cluster.name;
         let labeled = format!("{LABEL_CLUSTER_NAME}={}", cluster.name);
+        let unlabeled = format!("!{LABEL_CLUSTER_NAME}");
+        let selectors = [labeled.as_str(), unlabeled.as_str()];
         let mut inventory = Inventory::default();
-        for_each_selected_page(
-            &self.client,
-            &self.machine_resource,
-            &cluster.namespace,
-            Some(&labeled),
-            |page: Vec<Listed<MachineView>>| {
-                let page = page.into_iter().filter(|(_, m)| ours(&m.cluster_name));
-                inventory.machines.extend(page.map(|(_, m)| Arc::new(m)));
-                true
-            },
-        )
-        .await?;
-        if let Some(resource) = &self.pool_resource {
+        for selector in selectors {
             for_each_selected_page(
                 &self.client,
-                resource,
+                &self.machine_resource,
                 &cluster.namespace,
-                Some(&labeled),
-                |page: Vec<Listed<MachinePoolView>>| {
-                    let page = page.into_iter().filter(|(_, p)| ours(&p.cluster_name));
-                    inventory.pools.extend(page.map(|(_, p)| Arc::new(p)));
+                Some(selector),
+                |page: Vec<Listed<MachineView>>| {
+                    let page = page.into_iter().filter(|(_, m)| ours(&m.cluster_name));
+                    inventory.machines.extend(page.map(|(_, m)| Arc::new(m)));
                     true
                 },
             )
             .await?;
-        }
-        if let Some(resource) = &self.config_resource {
-            let unlabeled = format!("!{LABEL_CLUSTER_NAME}");
-            for selector in [labeled.as_str(), unlabeled.as_str()] {
+            if let Some(resource) = &self.pool_resource {
+                for_each_selected_page(
+                    &self.client,
+                    resource,
+                    &cluster.namespace,
+                    Some(selector),
+                    |page: Vec<Listed<MachinePoolView>>| {
+                        let page = page.into_iter().filter(|(_, p)| ours(&p.cluster_name));
+                        inventory.pools.extend(page.map(|(_, p)| Arc::new(p)));
+                        true
+                    },
+                )
+                .await?;
+            }
+            if let Some(resource) = &self.config_resource {
                 for_each_selected_page(
                     &self.client,
                     resource,

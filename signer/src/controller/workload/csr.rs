@@ -75,6 +75,25 @@ impl Worker {
         let Some(csr) = self.csrs.get(&ObjectRef::new(name)) else {
             return Answer::Idle;
         };
+        // Held without its request past the cluster's cap (super::intake): read it now.
+        let csr = if super::intake::deferred(&csr) {
+            match self.csr_api().get_opt(name).await {
+                Ok(Some(fresh)) => std::sync::Arc::new(fresh),
+                Ok(None) => return Answer::Idle,
+                Err(e) => {
+                    let e = ApplyError::from_kube(e);
+                    tracing::warn!(error = %e, "could not read a CSR held without its request; retrying");
+                    self.retry(&csr, &e.to_string());
+                    return if e.is_overload() {
+                        Answer::Overloaded
+                    } else {
+                        Answer::Answered
+                    };
+                }
+            }
+        } else {
+            csr
+        };
         // Opted out or paused since this worker started: it is about to be stopped, and nothing
         // is decided or written meanwhile; a paused Cluster's CSRs stay pending (the worker an
         // unpause starts queues them again).

@@ -20,13 +20,17 @@
 //!   naming its real size; kubeadm's CSRs without their request; a decided CSR without its
 //!   request and with a stand-in certificate.
 //!
-//! So each CSR the cache holds costs its metadata and at most 64 KiB of request (576 KiB for
-//! `tpm/v1`, whose phase 1 carries the event log) while it waits for a decision; a flood of
-//! junk under the signer's names is denied (and then costs its metadata) at the rate the queue
-//! drains. docs/decisions.md says why there is no count cap: a CSR left out of the cache is a
-//! join lost, or one read again from the apiserver for every other CSR that names it.
+//! - The requests held of a cluster's pending CSRs are capped ([`RequestBudget`],
+//!   `--csr-request-bytes-per-cluster`, 32 MiB by default). Past the cap a pending CSR is held
+//!   without its request ([`DEFERRED`]) and read from the apiserver when it is decided: a
+//!   flood past the cap costs a read per CSR, never a lost join. A CSR carrying a challenge is
+//!   held whole past the cap (a phase-2 CSR reads its first phase from the cache; the verifier
+//!   bounds real challenges per Machine, and a forged one is denied at once).
+//!
+//! So a cluster's CSRs cost the cache their metadata and at most the cap of requests; junk of
+//! the signer's names is denied (and then costs its metadata) at the rate the queue drains.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use attestation::envelope::withheld_request;
 use attestation::names::{
@@ -50,6 +54,62 @@ pub(super) const MAX_CHALLENGE_ANNOTATION: usize = 16 * 1024;
 /// Annotations and labels kept as they are up to this many bytes (a CSR of the plugin carries
 /// one challenge, some tools a few small annotations); past it, only the challenges.
 pub(super) const MAX_KEPT_METADATA: usize = 16 * 1024;
+
+/// What the cache keeps in place of a request past the cluster's cap: the CSR is read from the
+/// apiserver when it is decided ([`deferred`]). A NUL starts it, which no PEM text holds.
+pub(super) const DEFERRED: &[u8] = b"\0deferred: read this CSR from the apiserver\n";
+
+/// Whether the cache holds `csr` without its request, to be read from the apiserver.
+pub(super) fn deferred(csr: &CertificateSigningRequest) -> bool {
+    csr.spec.request.0 == DEFERRED
+}
+
+/// The request bytes the cache holds of one cluster's pending CSRs, by UID, and their cap.
+#[derive(Debug, Default)]
+pub(super) struct RequestBudget {
+    limit: usize,
+    held: HashMap<String, usize>,
+    total: usize,
+}
+
+impl RequestBudget {
+    /// A budget of `limit` bytes.
+    pub(super) fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    /// Whether `uid`'s request of `len` bytes may be held: it is already, it fits, or it
+    /// carries a challenge.
+    fn admit(&mut self, uid: &str, len: usize, challenged: bool) -> bool {
+        if let Some(held) = self.held.get_mut(uid) {
+            self.total = self.total - *held + len;
+            *held = len;
+            return true;
+        }
+        if !challenged && self.total + len > self.limit {
+            return false;
+        }
+        self.held.insert(uid.to_owned(), len);
+        self.total += len;
+        true
+    }
+
+    /// `uid` decided or gone: its request is no longer held.
+    fn release(&mut self, uid: &str) {
+        if let Some(len) = self.held.remove(uid) {
+            self.total -= len;
+        }
+    }
+
+    /// Bytes held now.
+    #[cfg(test)]
+    pub(super) fn total(&self) -> usize {
+        self.total
+    }
+}
 
 /// What the cache keeps a CSR for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,20 +138,49 @@ pub(super) fn kept(signer_name: &str) -> Option<Kept> {
 /// slimmed otherwise. Deletions and the list's markers pass (a deletion of a CSR the cache
 /// never held changes nothing).
 /// `withheld` is told what was withheld of a CSR (`request`, `metadata`), for the metrics.
+/// `budget` holds the cluster's requests under its cap.
 pub(super) fn admit(
     event: Result<watcher::Event<CertificateSigningRequest>, watcher::Error>,
     withheld: &dyn Fn(&'static str),
+    budget: &mut RequestBudget,
 ) -> Option<Result<watcher::Event<CertificateSigningRequest>, watcher::Error>> {
     match event {
         Ok(watcher::Event::Apply(mut csr)) => {
             slim(&mut csr, withheld)?;
+            within(&mut csr, budget);
             Some(Ok(watcher::Event::Apply(csr)))
         }
         Ok(watcher::Event::InitApply(mut csr)) => {
             slim(&mut csr, withheld)?;
+            within(&mut csr, budget);
             Some(Ok(watcher::Event::InitApply(csr)))
         }
+        Ok(watcher::Event::Delete(csr)) => {
+            budget.release(csr.uid().as_deref().unwrap_or_default());
+            Some(Ok(watcher::Event::Delete(csr)))
+        }
+        Ok(watcher::Event::Init) => {
+            // A new list replaces what is held.
+            *budget = RequestBudget::new(budget.limit);
+            Some(Ok(watcher::Event::Init))
+        }
         other => Some(other),
+    }
+}
+
+/// A slimmed CSR's request held under `budget`, or deferred past it.
+fn within(csr: &mut CertificateSigningRequest, budget: &mut RequestBudget) {
+    let uid = csr.uid().unwrap_or_default();
+    let len = csr.spec.request.0.len();
+    if len == 0 || stage(csr) == Stage::Done || attestation::envelope::withheld_size(&csr.spec.request.0).is_some() {
+        budget.release(&uid);
+        return;
+    }
+    let challenged = [ANNOTATION_TPM_CHALLENGE, ANNOTATION_AZURE_CHALLENGE]
+        .iter()
+        .any(|k| csr.annotations().contains_key(*k));
+    if !budget.admit(&uid, len, challenged) {
+        csr.spec.request = k8s_openapi::ByteString(DEFERRED.to_vec());
     }
 }
 
@@ -212,14 +301,17 @@ mod tests {
     fn other_signer_names_are_not_kept_and_kubeadms_lose_their_request() {
         let mut unrelated = with_request("example.com/unrelated", 1 << 20);
         assert_eq!(slim(&mut unrelated, &|_| {}), None);
+        let mut budget = RequestBudget::new(1 << 20);
         let event = admit(
             Ok(watcher::Event::InitApply(with_request("example.com/unrelated", 10))),
             &|_| {},
+            &mut budget,
         );
         assert!(event.is_none(), "dropped as it is decoded");
         let deleted = admit(
             Ok(watcher::Event::Delete(with_request("example.com/unrelated", 10))),
             &|_| {},
+            &mut budget,
         );
         assert!(matches!(deleted, Some(Ok(watcher::Event::Delete(_)))), "deletions pass");
 
@@ -256,6 +348,63 @@ mod tests {
         let mut small = with_request(SIGNER_GCP, MAX_REQUEST_BYTES);
         slim(&mut small, &|_| {}).unwrap();
         assert_eq!(small.spec.request.0.len(), MAX_REQUEST_BYTES);
+    }
+
+    fn named(mut csr: CertificateSigningRequest, uid: &str) -> CertificateSigningRequest {
+        csr.metadata.uid = Some(uid.into());
+        csr
+    }
+
+    #[test]
+    fn requests_past_the_clusters_cap_are_deferred_and_a_challenge_is_held_whole() {
+        let mut budget = RequestBudget::new(100);
+        let apply = |csr, budget: &mut RequestBudget| match admit(Ok(watcher::Event::Apply(csr)), &|_| {}, budget) {
+            Some(Ok(watcher::Event::Apply(csr))) => csr,
+            other => panic!("{other:?}"),
+        };
+        let first = apply(named(with_request(SIGNER_GCP, 60), "a"), &mut budget);
+        assert_eq!(first.spec.request.0.len(), 60);
+        let second = apply(named(with_request(SIGNER_GCP, 60), "b"), &mut budget);
+        assert!(deferred(&second), "past the cap: read when decided");
+        assert_eq!(budget.total(), 60);
+        // The same CSR again (an update) keeps its place.
+        assert_eq!(
+            apply(named(with_request(SIGNER_GCP, 60), "a"), &mut budget)
+                .spec
+                .request
+                .0
+                .len(),
+            60
+        );
+        // A challenged CSR is held whole past the cap.
+        let mut challenged = named(with_request(SIGNER_TPM, 60), "c");
+        challenged
+            .annotations_mut()
+            .insert(ANNOTATION_TPM_CHALLENGE.into(), "{}".into());
+        assert_eq!(apply(challenged, &mut budget).spec.request.0.len(), 60);
+        // Decided or deleted, a request leaves the budget, and the next fits.
+        let mut decided = named(csr(SIGNER_GCP, &["Denied"], false), "a");
+        decided.spec.request = k8s_openapi::ByteString(vec![b'A'; 60]);
+        apply(decided, &mut budget);
+        assert_eq!(budget.total(), 60);
+        admit(
+            Ok(watcher::Event::Delete(named(with_request(SIGNER_TPM, 60), "c"))),
+            &|_| {},
+            &mut budget,
+        );
+        assert_eq!(budget.total(), 0);
+        assert_eq!(
+            apply(named(with_request(SIGNER_GCP, 60), "b"), &mut budget)
+                .spec
+                .request
+                .0
+                .len(),
+            60
+        );
+        // A withheld (oversized) request holds nothing.
+        let big = apply(named(with_request(SIGNER_GCP, MAX_REQUEST_BYTES + 1), "d"), &mut budget);
+        assert!(!deferred(&big));
+        assert_eq!(budget.total(), 60);
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct Settings {
     pub secret_resync: Duration,
     /// Bound of each cluster's queue.
     pub queue_capacity: usize,
+    /// Most bytes of CSR requests the watch cache holds per cluster (workload::intake).
+    pub csr_request_bytes: usize,
     /// Most CSRs of one cluster in flight at once (the fleet's adaptive limit applies on top).
     pub concurrency: usize,
     /// Timeout of each workload-cluster request.

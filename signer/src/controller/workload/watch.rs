@@ -32,8 +32,9 @@ impl Worker {
         let metrics = self.shared.metrics.clone();
         let key = self.key.clone();
         let withheld = move |what: &'static str| metrics.csr_withheld(&key, what);
+        let budget = Arc::clone(&self.request_budget);
         let mut events = watcher(api, config)
-            .filter_map(move |event| std::future::ready(intake::admit(event, &withheld)))
+            .filter_map(move |event| std::future::ready(intake::admit(event, &withheld, &mut lock(&budget))))
             .reflect(writer)
             .boxed();
         let mut backoff = Backoff::default();

@@ -45,6 +45,8 @@ pub struct Worker {
     pub(super) shared: Arc<Shared>,
     pub(super) queue: WorkQueue,
     pub(super) csrs: Store<CertificateSigningRequest>,
+    /// The request bytes its watch cache holds, under `--csr-request-bytes-per-cluster`.
+    pub(super) request_budget: Arc<Mutex<super::intake::RequestBudget>>,
     pub(super) nodes: NodeIndex,
     pub(super) writer: Mutex<Option<reflector::store::Writer<CertificateSigningRequest>>>,
     pub(super) first_seen: Mutex<HashMap<String, OffsetDateTime>>,
@@ -93,6 +95,7 @@ impl Worker {
             WorkloadAccess::Given { client } => (client, None),
         };
         let (csrs, writer) = reflector::store();
+        let request_bytes = shared.settings.csr_request_bytes;
         let capacity = shared.settings.queue_capacity;
         let key = cluster.key();
         Arc::new(Self {
@@ -105,6 +108,7 @@ impl Worker {
             shared,
             queue: WorkQueue::new(capacity),
             csrs,
+            request_budget: Arc::new(Mutex::new(super::intake::RequestBudget::new(request_bytes))),
             nodes: NodeIndex::default(),
             writer: Mutex::new(Some(writer)),
             first_seen: Mutex::default(),
