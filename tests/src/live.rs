@@ -328,6 +328,11 @@ impl Workload {
     /// namespace of this Cluster.
     pub fn own(&self, mut object: Value) -> Value {
         object["metadata"]["namespace"] = json!(self.namespace);
+        // Cluster API's defaulting webhooks keep the label equal to spec.clusterName
+        // (`internal/webhooks/machine.go`, `Default`); a fixture's stays so too.
+        if let Some(label) = object.pointer_mut("/metadata/labels/cluster.x-k8s.io~1cluster-name") {
+            *label = json!(self.cluster);
+        }
         if let Some(spec) = object.get_mut("spec") {
             if spec.get("clusterName").is_some() {
                 spec["clusterName"] = json!(self.cluster);
