@@ -657,3 +657,40 @@ fn the_signers_floor_requires_secure_boot_whatever_the_policy_says() {
         "{message}"
     );
 }
+
+#[test]
+fn a_rollouts_other_image_does_not_refuse_the_boot_by_its_kernel_file() {
+    // Secure Boot off: grub loads the kernel itself, so PCR 4 holds shim and grub only and both
+    // images stay candidates until grub's files tell them apart by their kernel files.
+    let boot = Boot::default();
+    let log = boot
+        .firmware(0)
+        .application(&boot.shim)
+        .application(&boot.grub)
+        .grub("grub_cmd: ", "linux /vmlinuz-new root=UUID=1234 ro quiet")
+        .file("/vmlinuz-new", &sha256(b"new kernel file"))
+        .grub("kernel_cmdline: ", "/vmlinuz-new root=UUID=1234 ro quiet")
+        .grub("grub_cmd: ", "initrd /initrd.img-new")
+        .file("/initrd.img-new", &sha256(b"new initrd"));
+    let hex = |d: &[u8]| crate::digest::hex(d);
+    let image = |name: &str, kernel_file: &[u8], initrd: &[u8]| {
+        format!(
+            "  - name: {name}\n    bootloaders: [{}]\n    kernel: {}\n    kernelFile: {}\n    initrd: {}\n    commandLine: \"/vmlinuz root=UUID=1234 ro quiet\"\n",
+            hex(&boot.shim),
+            hex(&boot.grub),
+            hex(kernel_file),
+            hex(initrd)
+        )
+    };
+    let policy = format!(
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: optional\nimages:\n{}{}",
+        image("old", &sha256(b"old kernel file"), &sha256(b"old initrd")),
+        image("new", &sha256(b"new kernel file"), &sha256(b"new initrd"))
+    );
+    assert_eq!(verdict(&policy, &log).unwrap().image, "new");
+    let only_old = format!(
+        "apiVersion: node-attestation.cluster.x-k8s.io/v1\nkind: TpmBootPolicy\nsecureBoot: optional\nimages:\n{}",
+        image("old", &sha256(b"old kernel file"), &sha256(b"old initrd"))
+    );
+    refused(&only_old, &log, &["PCR 9 holds no file of the kernel file's digest"]);
+}

@@ -474,15 +474,18 @@ fn initrd<'p>(
     }
     // grub's: the files read after the kernel file (where the image names it), else the last
     // file read, must be the one file of grub's one initrd command.
+    // Each image read with its own kernel file: one that does not fit (a rollout's other
+    // image) leaves the candidates, and its refusal is said only when none is left.
     let mut kept = Vec::new();
+    let mut refusal = None;
     for image in candidates {
-        match grub_initrd(measured, image)? {
-            GrubInitrd::NotLoaded => kept.push((image, None)),
-            GrubInitrd::File(event) => kept.push((image, Some(event))),
+        match grub_initrd(measured, image) {
+            Ok(GrubInitrd::NotLoaded) => kept.push((image, None)),
+            Ok(GrubInitrd::File(event)) => kept.push((image, Some(event))),
+            Err(r) => refusal = refusal.or(Some(r)),
         }
     }
     let mut candidates = Vec::new();
-    let mut refusal = None;
     for (image, file) in kept {
         let Some(event) = file else {
             candidates.push(image);
