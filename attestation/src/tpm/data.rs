@@ -224,6 +224,23 @@ pub const MAX_EVENT_LOG_BYTES: usize = 256 * 1024;
 const MAX_DATA: usize = 384 * 1024;
 
 impl TpmData {
+    /// The SHA-256 PCR values the node sent (`pcrs`), by index, each checked to be a SHA-256
+    /// digest; `None` when it sent none. Not yet proven: the caller holds them to the quote.
+    pub fn sha256_pcr_values(&self) -> Result<Option<BTreeMap<u32, Vec<u8>>>, String> {
+        let Some(bank) = self.pcrs.get("sha256") else {
+            return Ok(None);
+        };
+        let mut values = BTreeMap::new();
+        for (index, value) in bank {
+            let index: u32 = index.parse().map_err(|_| format!("pcrs: index {index:?}"))?;
+            let value = crate::digest::from_hex(value)
+                .filter(|v| v.len() == 32)
+                .ok_or_else(|| format!("pcrs: the value of PCR {index} is not a sha256 digest"))?;
+            values.insert(index, value);
+        }
+        Ok(Some(values))
+    }
+
     /// Parses a DATA block; phase and challenge must agree.
     pub fn parse(data: &[u8]) -> Result<Self, WireError> {
         if data.len() > MAX_DATA {

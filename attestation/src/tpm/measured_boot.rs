@@ -72,17 +72,12 @@ fn quoted_values(
     quote: &Quote,
     selection: &[u32],
 ) -> Result<Option<BTreeMap<u32, Vec<u8>>>, Refusal> {
-    let Some(bank) = data.pcrs.get(alg.name()) else {
+    if alg != HashAlg::Sha256 {
+        return Ok(None);
+    }
+    let Some(values) = data.sha256_pcr_values().map_err(invalid)? else {
         return Ok(None);
     };
-    let mut values = BTreeMap::new();
-    for (index, value) in bank {
-        let index: u32 = index.parse().map_err(|_| invalid(format!("pcrs: index {index:?}")))?;
-        let value = crate::digest::from_hex(value)
-            .filter(|v| v.len() == alg.size())
-            .ok_or_else(|| invalid(format!("pcrs: the value of PCR {index} is not a {alg} digest")))?;
-        values.insert(index, value);
-    }
     let sent: Vec<u32> = values.keys().copied().collect();
     if sent != selection || !quote.pcr_digest_of_bank(alg.tpm_alg_id(), &values) {
         return Err(invalid(format!(

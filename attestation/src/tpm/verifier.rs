@@ -442,23 +442,10 @@ fn same_as_first(second: &ParsedCsr, first: &ParsedCsr, data: &TpmData, first_da
 
 /// PCR values are informational in v1, but when sent they must be the quoted ones.
 fn check_pcrs(data: &TpmData, quote: &Quote) -> Result<(), Refusal> {
-    if data.pcrs.is_empty() {
+    // `pcrs` names the sha256 bank only (TpmData::parse refuses any other).
+    let Some(values) = data.sha256_pcr_values().map_err(invalid)? else {
         return Ok(());
-    }
-    if let Some(bank) = data.pcrs.keys().find(|b| b.as_str() != "sha256") {
-        return Err(invalid(format!("pcrs: bank {bank:?} (only sha256)")));
-    }
-    let bank = data.pcrs.get("sha256").map(|b| {
-        b.iter()
-            .map(|(index, value)| {
-                let index: u32 = index.parse().map_err(|_| invalid(format!("pcrs: index {index:?}")))?;
-                let value = crate::digest::from_hex(value)
-                    .ok_or_else(|| invalid(format!("pcrs: value of PCR {index} is not hex")))?;
-                Ok((index, value))
-            })
-            .collect::<Result<BTreeMap<u32, Vec<u8>>, Refusal>>()
-    });
-    let values = bank.transpose()?.unwrap_or_default();
+    };
     // In the quote's selection order (ascending within a bank, as TPMs emit).
     let selected: Vec<u32> = quote.selection.iter().flat_map(|s| s.pcrs.iter().copied()).collect();
     let ordered: Vec<(u32, Vec<u8>)> = selected

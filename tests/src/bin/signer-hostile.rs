@@ -289,26 +289,6 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
     let window = started.elapsed();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = lists(&admin).await;
-    if std::env::var_os("SIGNER_HOSTILE_DEBUG").is_some() {
-        let request = kube::core::Request::new("")
-            .get("metrics", &Default::default())
-            .unwrap();
-        let text = admin.request_text(request).await.unwrap();
-        for line in text
-            .lines()
-            .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("machines"))
-        {
-            println!("{line}");
-        }
-        for line in signer
-            .log()
-            .lines()
-            .filter(|l| l.contains("fresh") || l.contains("confirm"))
-            .take(5)
-        {
-            println!("{line}");
-        }
-    }
     let management_pids = [management.apiserver_pid().unwrap_or(0), management.etcd_pid()];
     let cpu: f64 = cpu_before
         .used_since(&CpuTimes::take(), |pid, _| {

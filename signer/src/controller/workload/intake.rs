@@ -34,7 +34,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use attestation::envelope::withheld_request;
 use attestation::names::{
-    ANNOTATION_AZURE_CHALLENGE, ANNOTATION_TPM_CHALLENGE, MAX_REQUEST_BYTES, MAX_TPM_REQUEST_BYTES, SIGNER_TPM,
+    ANNOTATION_AZURE_CHALLENGE, ANNOTATION_TPM_CHALLENGE, MAX_REQUEST_BYTES, MAX_TPM_REQUEST_BYTES, SIGNER_AZURE,
+    SIGNER_TPM,
 };
 use attestation::outside_attestation::LEGACY_KUBELET_SIGNER;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
@@ -176,9 +177,14 @@ fn within(csr: &mut CertificateSigningRequest, budget: &mut RequestBudget) {
         budget.release(&uid);
         return;
     }
-    let challenged = [ANNOTATION_TPM_CHALLENGE, ANNOTATION_AZURE_CHALLENGE]
-        .iter()
-        .any(|k| csr.annotations().contains_key(*k));
+    // The challenge of the signer name that challenges (a requester may write either
+    // annotation; a forged one is denied ChallengeFailed at once, and another name's is not read).
+    let challenge = match csr.spec.signer_name.as_str() {
+        SIGNER_TPM => Some(ANNOTATION_TPM_CHALLENGE),
+        SIGNER_AZURE => Some(ANNOTATION_AZURE_CHALLENGE),
+        _ => None,
+    };
+    let challenged = challenge.is_some_and(|k| csr.annotations().contains_key(k));
     if !budget.admit(&uid, len, challenged) {
         csr.spec.request = k8s_openapi::ByteString(DEFERRED.to_vec());
     }
@@ -382,6 +388,12 @@ mod tests {
             .annotations_mut()
             .insert(ANNOTATION_TPM_CHALLENGE.into(), "{}".into());
         assert_eq!(apply(challenged, &mut budget).spec.request.0.len(), 60);
+        // Another signer name's challenge annotation is not read: still past the cap.
+        let mut posing = named(with_request(SIGNER_GCP, 60), "e");
+        posing
+            .annotations_mut()
+            .insert(ANNOTATION_TPM_CHALLENGE.into(), "{}".into());
+        assert!(deferred(&apply(posing, &mut budget)));
         // Decided or deleted, a request leaves the budget, and the next fits.
         let mut decided = named(csr(SIGNER_GCP, &["Denied"], false), "a");
         decided.spec.request = k8s_openapi::ByteString(vec![b'A'; 60]);
