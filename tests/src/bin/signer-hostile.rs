@@ -11,7 +11,10 @@
 //! - `misnamed`: a node (a certificate for `system:node:worker-0`) files `--rate` CSRs a second
 //!   for other nodes' names for `--seconds`, in a namespace holding `--machines` Machines of
 //!   `--clusters` other Clusters. Prints the management apiserver's LISTs of Machines,
-//!   MachinePools and KubeadmConfigs in that window and its CPU, and the denials.
+//!   MachinePools and KubeadmConfigs in that window and its CPU, and the denials; and the join
+//!   latencies of a sibling opted-in Cluster (its own workload apiserver), `--joins` of them
+//!   before the flood and as many during it, side by side (goal: p99 under the flood at most
+//!   1.5 times the quiet p99).
 //!
 //! ```sh
 //! cargo build --release -p signer -p tests --bin signer-hostile --bin node-attestation-signer
@@ -30,7 +33,7 @@ use serde_json::json;
 use tests::csr::RequestSpec;
 use tests::envtest::Envtest;
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, wait_final};
-use tests::stats::{CpuTimes, mib, proc_status_kib, secs};
+use tests::stats::{CpuTimes, mib, percentile, proc_status_kib, secs};
 
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
 const PID: &str = "aws:///us-east-1a/i-0hostile";
@@ -62,6 +65,9 @@ struct Args {
     /// `misnamed`: the other Clusters.
     #[arg(long, default_value_t = 20)]
     clusters: usize,
+    /// `misnamed`: the sibling Cluster's joins in each phase (quiet, flood).
+    #[arg(long, default_value_t = 20)]
+    joins: usize,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -112,8 +118,9 @@ fn peak_kib(signer: &Signer) -> u64 {
     proc_status_kib(signer.pid().unwrap(), "VmHWM").unwrap_or(0)
 }
 
-/// A join of Machine `machine`, filed now: the time until its certificate is observed.
-async fn join(w: &Workload, management: &Client, machine: &str, signer: &Signer) -> Duration {
+/// A join of Machine `machine`, filed now: the time until its certificate is observed, or how
+/// the CSR ended instead.
+async fn join(w: &Workload, management: &Client, machine: &str) -> Result<Duration, Final> {
     let pid = format!("{PID}-{machine}");
     w.add_machine(management, machine, &pid).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -127,9 +134,17 @@ async fn join(w: &Workload, management: &Client, machine: &str, signer: &Signer)
         CLIENT_USAGES,
     )
     .await;
-    let end = wait_final(&w.admin, &format!("join-{machine}"), false, Duration::from_secs(120)).await;
-    assert!(matches!(end, Final::Issued(_)), "{end:?}\n{}", signer.log());
-    started.elapsed()
+    match wait_final(&w.admin, &format!("join-{machine}"), false, Duration::from_secs(120)).await {
+        Final::Issued(_) => Ok(started.elapsed()),
+        other => Err(other),
+    }
+}
+
+/// [`join`], which must succeed.
+async fn joined(w: &Workload, management: &Client, machine: &str, signer: &Signer) -> Duration {
+    join(w, management, machine)
+        .await
+        .unwrap_or_else(|end| panic!("{end:?}\n{}", signer.log()))
 }
 
 /// A valid CSR PEM for `node` followed by filler up to `size` bytes: kube-apiserver reads
@@ -148,7 +163,7 @@ async fn big(args: &Args, binary: &std::path::Path) {
     // Over nothing: the baseline.
     let signer = Signer::start(binary, &management, &["--leader-elect=false"]).await;
     ready(&signer).await;
-    let quiet_join = join(&w, &admin, "worker-0", &signer).await;
+    let quiet_join = joined(&w, &admin, "worker-0", &signer).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let quiet_peak = peak_kib(&signer);
     drop(signer);
@@ -194,7 +209,7 @@ async fn big(args: &Args, binary: &std::path::Path) {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let flooded_join = join(&w, &admin, "worker-1", &signer).await;
+    let flooded_join = joined(&w, &admin, "worker-1", &signer).await;
     let flooded_peak = peak_kib(&signer);
     let withheld = live::metric(
         &signer.metrics(),
@@ -259,9 +274,26 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
         .collect::<Vec<_>>()
         .await;
     w.add_machine(&admin, "worker-0", PID).await;
+    // The sibling: another opted-in Cluster whose nodes join while `prod` floods.
+    let sibling = std::sync::Arc::new(
+        Workload::register(
+            Envtest::start("hostile-misnamed-sibling"),
+            &admin,
+            "team-b",
+            "sibling",
+            "insecure",
+        )
+        .await,
+    );
     let signer = Signer::start(binary, &management, &["--leader-elect=false"]).await;
-    ready(&signer).await;
+    while live::metric(&signer.metrics(), "node_attestation_clusters{state=\"Ready\"}") < 2.0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut quiet = Vec::with_capacity(args.joins);
+    for j in 0..args.joins {
+        quiet.push(joined(&sibling, &admin, &format!("quiet-{j}"), &signer).await);
+    }
 
     // The node's own identity, as the signer would have issued it.
     let (cert, key) = w.env.client_certificate("system:node:worker-0", &["system:nodes"]);
@@ -270,6 +302,21 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
     let cpu_before = CpuTimes::take();
     let started = Instant::now();
     let total = args.rate * args.seconds;
+    // The sibling's joins, spread over the flood's window.
+    let flood_joins = {
+        let (sibling, admin) = (sibling.clone(), admin.clone());
+        let joins = args.joins;
+        let spacing = Duration::from_secs(args.seconds) / (joins as u32 + 1);
+        tokio::spawn(async move {
+            let mut took = Vec::with_capacity(joins);
+            for j in 0..joins {
+                let started = Instant::now();
+                took.push(join(&sibling, &admin, &format!("flood-{j}")).await);
+                tokio::time::sleep(spacing.saturating_sub(started.elapsed())).await;
+            }
+            took
+        })
+    };
     let mut ticker = tokio::time::interval(Duration::from_millis(1000 / args.rate.max(1)));
     for i in 0..total {
         ticker.tick().await;
@@ -287,6 +334,12 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
         });
     }
     let window = started.elapsed();
+    let mut flood = flood_joins
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|end| end.unwrap_or_else(|end| panic!("{end:?}\n{}", signer.log())))
+        .collect::<Vec<_>>();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let after = lists(&admin).await;
     let management_pids = [management.apiserver_pid().unwrap_or(0), management.etcd_pid()];
@@ -315,6 +368,25 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
         "  management apiserver + etcd CPU:     {:.1} s over {}",
         cpu,
         secs(window + Duration::from_secs(5))
+    );
+    quiet.sort();
+    flood.sort();
+    let (q99, f99) = (percentile(&quiet, 99.0), percentile(&flood, 99.0));
+    println!(
+        "  sibling team-b/sibling joins, quiet:  p50 {} p99 {} ({} joins)",
+        secs(percentile(&quiet, 50.0)),
+        secs(q99),
+        quiet.len()
+    );
+    println!(
+        "  sibling team-b/sibling joins, flood:  p50 {} p99 {} ({} joins)",
+        secs(percentile(&flood, 50.0)),
+        secs(f99),
+        flood.len()
+    );
+    println!(
+        "  flood p99 / quiet p99:               {:.2} (goal <= 1.5)",
+        f99.as_secs_f64() / q99.as_secs_f64().max(1e-9)
     );
     drop(signer);
     drop(management);
