@@ -10,6 +10,7 @@ mod locks;
 mod manifests;
 mod opt_out;
 mod render;
+mod revoke;
 mod verifiers;
 
 use std::process::ExitCode;
@@ -45,6 +46,11 @@ enum Command {
     /// annotated `cluster.x-k8s.io/kubelet-legacy-autoapprove: keep`, before nodes roll to stock
     /// kubeadm templates.
     OptOutBindings,
+    /// Revoke every certificate the signer issued for one node or one Machine, by hand: the
+    /// workload cluster's admission policy refuses their writes within seconds, until each
+    /// would have expired. Leaves a Warning Event on the Cluster (or Machine) and prints what
+    /// it revoked. Exit 0 when revoked, 2 when nothing could be.
+    Revoke(Box<revoke::RevokeArgs>),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +61,7 @@ fn main() -> ExitCode {
         Command::Explain(args) => explain::run(args).map(|()| true),
         Command::ExplainRbac(args) => explain::rbac::run(args).map(|()| true),
         Command::OptOutBindings => opt_out::run().map(|()| true),
+        Command::Revoke(args) => revoke::run(args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

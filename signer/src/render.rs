@@ -56,6 +56,18 @@ pub fn paused(cluster: &ClusterView) -> Option<String> {
     ))
 }
 
+/// What the workload apiserver's minor lacks (SPEC section 7, "Kubernetes minors"), one note
+/// per limitation; `None` from v1.32.
+pub fn workload_minor(version: &attestation::kubernetes_minor::ApiserverVersion) -> Option<String> {
+    let lacks = version.limitations();
+    (!lacks.is_empty()).then(|| {
+        format!(
+            "the workload apiserver is {version}: {}",
+            lacks.iter().map(|l| l.describe()).collect::<Vec<_>>().join("; ")
+        )
+    })
+}
+
 /// The Cluster's `tpm/v1` boot policy as the signer reads it: its ConfigMap and images, or why
 /// it holds the Cluster's `tpm/v1` CSRs; `None` without one.
 pub fn boot_policy(cluster: &ClusterView) -> Option<String> {

@@ -327,6 +327,27 @@ async fn explain_tells_what_the_running_signer_decided_and_writes_nothing() {
         ],
         "{pending:#}"
     );
+    // The workload apiserver's minor: what it lacks is a note, a gauge and a Warning Event.
+    let minor = tests::envtest::kubernetes_minor();
+    let notes = pending["notes"].to_string();
+    assert_eq!(notes.contains("KEP-4601"), minor < 32, "minor {minor}: {notes}");
+    assert_eq!(notes.contains("credential-id"), minor < 32, "minor {minor}: {notes}");
+    let metrics = signer.metrics();
+    assert_eq!(
+        live::metric(
+            &metrics,
+            &format!("node_attestation_workload_kubernetes_minor{{cluster=\"{cluster}\"}}")
+        ),
+        f64::from(minor),
+        "{metrics}"
+    );
+    let lacks_selectors =
+        format!("node_attestation_workload_limitations{{cluster=\"{cluster}\",limitation=\"WiderNodeReads\"}}");
+    assert_eq!(metrics.contains(&lacks_selectors), minor < 32, "{metrics}");
+    if minor < 32 {
+        wait_event(&w, "WorkloadKubernetesLimited", "KEP-4601", &signer).await;
+    }
+
     let (ok, text, _) = explain(&reader, &["--cluster", &cluster, "--pending"]);
     eprintln!("explain --pending:\n{text}");
     assert!(ok && text.contains("2 CSRs pending, denied or failed"), "{text}");

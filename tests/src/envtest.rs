@@ -62,6 +62,25 @@ pub fn assets(suite: &str) -> PathBuf {
     }
 }
 
+/// The Kubernetes minor of `KUBEBUILDER_ASSETS`' kube-apiserver (`kube-apiserver --version`:
+/// `Kubernetes v1.32.0-beta.0`), read once: suites whose expectations depend on the minor
+/// (KEP-4601 selectors, credential IDs, kubeadm's configuration version) ask it.
+pub fn kubernetes_minor() -> u32 {
+    static MINOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MINOR.get_or_init(|| {
+        let apiserver = assets("kubernetes_minor").join("kube-apiserver");
+        let out = Command::new(&apiserver)
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", apiserver.display()));
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .find_map(|word| word.strip_prefix("v1."))
+            .and_then(|rest| rest.split('.').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{} --version: {text:?} names no v1.<minor>", apiserver.display()))
+    })
+}
+
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

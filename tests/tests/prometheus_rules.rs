@@ -60,7 +60,8 @@ fn the_alert_rules_check_and_pass_their_unit_tests_in_promtool() {
 fn every_alert_has_a_runbook_a_firing_test_and_bounded_labels() {
     let runbooks = std::fs::read_to_string(root().join("docs/runbooks.md")).unwrap();
     let tests = std::fs::read_to_string(root().join("tests/prometheus/alerts_test.yaml")).unwrap();
-    // `what`: node_attestation_csrs_withheld_total's two values (request, metadata).
+    // `what`: node_attestation_csrs_withheld_total's two values (request, metadata);
+    // `limitation`: node_attestation_workload_limitations' three (kubernetes_minor::Limitation).
     let bounded = [
         "cluster",
         "reason",
@@ -70,6 +71,7 @@ fn every_alert_has_a_runbook_a_firing_test_and_bounded_labels() {
         "pod",
         "le",
         "what",
+        "limitation",
     ];
     for alert in alerts() {
         let name = alert["alert"].as_str().unwrap();

@@ -178,6 +178,29 @@ pub struct Metrics {
     shard_clusters_owned: Gauge,
     shard_handovers: Family<DirectionLabels, Counter>,
     cached_objects: Family<KindLabels, Gauge>,
+    workload_minor: Family<ClusterLabels, Gauge>,
+    workload_limitations: Family<LimitationLabels, Gauge>,
+    certificates_revoked: Family<RevokedLabels, Counter>,
+    revoked_listed: Family<ClusterLabels, Gauge>,
+    revocation_list_missing: Family<ClusterLabels, Gauge>,
+}
+
+/// Labels of a revoked certificate.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RevokedLabels {
+    /// `<namespace>/<name>`.
+    pub cluster: String,
+    /// [`attestation::revocation::RevokeReason`]'s word.
+    pub reason: String,
+}
+
+/// Labels of a workload minor's limitation.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitationLabels {
+    /// `<namespace>/<name>`.
+    pub cluster: String,
+    /// [`attestation::kubernetes_minor::Limitation`]'s name.
+    pub limitation: &'static str,
 }
 
 impl Metrics {
@@ -212,6 +235,11 @@ impl Metrics {
             shard_clusters_owned: Gauge::default(),
             shard_handovers: Family::default(),
             cached_objects: Family::default(),
+            workload_minor: Family::default(),
+            workload_limitations: Family::default(),
+            certificates_revoked: Family::default(),
+            revoked_listed: Family::default(),
+            revocation_list_missing: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("node_attestation");
         r.register(
@@ -340,7 +368,81 @@ impl Metrics {
             "Cluster API objects this replica keeps, by kind: those of the Clusters it serves",
             metrics.cached_objects.clone(),
         );
+        r.register(
+            "workload_kubernetes_minor",
+            "The Kubernetes minor each workload cluster's apiserver reports (/version)",
+            metrics.workload_minor.clone(),
+        );
+        r.register(
+            "workload_limitations",
+            "1 for each thing a workload cluster's Kubernetes minor lacks that changes what its node identities can do or what revocation refuses (WiderNodeReads, NoCredentialId, NoAdmissionPolicy)",
+            metrics.workload_limitations.clone(),
+        );
+        r.register(
+            "certificates_revoked",
+            "Certificates the signer listed as revoked in their workload cluster, by reason (MachineGone, MachineReleased, ClaimReplaced, PoolInstanceGone, PoolGone, Operator)",
+            metrics.certificates_revoked.clone(),
+        );
+        r.register(
+            "revoked_listed",
+            "Entries of each workload cluster's revoked list (kube-system/node-attestation-revoked), pruned as certificates expire",
+            metrics.revoked_listed.clone(),
+        );
+        r.register(
+            "revocation_list_missing",
+            "1 while a workload cluster's revoked list is missing: its admission policy refuses nothing revoked",
+            metrics.revocation_list_missing.clone(),
+        );
         metrics
+    }
+
+    /// Counts a revoked certificate of `cluster`.
+    pub fn certificate_revoked(&self, cluster: &str, reason: &str) {
+        self.certificates_revoked
+            .get_or_create(&RevokedLabels {
+                cluster: cluster.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The entries of `cluster`'s revoked list.
+    pub fn revoked_listed(&self, cluster: &str, entries: usize) {
+        self.revoked_listed
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// Whether `cluster`'s revoked list is missing.
+    pub fn revocation_list_missing(&self, cluster: &str, missing: bool) {
+        self.revocation_list_missing
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .set(i64::from(missing));
+    }
+
+    /// A workload cluster's minor, and what it lacks.
+    pub fn workload_minor(&self, cluster: &str, version: &attestation::kubernetes_minor::ApiserverVersion) {
+        self.workload_minor
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .set(i64::from(version.minor));
+        let lacks = version.limitations();
+        for limitation in attestation::kubernetes_minor::Limitation::ALL {
+            let labels = LimitationLabels {
+                cluster: cluster.to_owned(),
+                limitation: limitation.as_str(),
+            };
+            if lacks.contains(&limitation) {
+                self.workload_limitations.get_or_create(&labels).set(1);
+            } else {
+                self.workload_limitations.remove(&labels);
+            }
+        }
     }
 
     /// Objects kept by the shard's caches, by kind.
@@ -502,6 +604,15 @@ impl Metrics {
         }
         self.nodes_outside.remove(&labels);
         self.legacy_csrs_pending.remove(&labels);
+        self.workload_minor.remove(&labels);
+        self.revoked_listed.remove(&labels);
+        self.revocation_list_missing.remove(&labels);
+        for limitation in attestation::kubernetes_minor::Limitation::ALL {
+            self.workload_limitations.remove(&LimitationLabels {
+                cluster: cluster.to_owned(),
+                limitation: limitation.as_str(),
+            });
+        }
         self.queue_dropped.remove(&labels);
         for what in ["request", "metadata"] {
             self.csrs_withheld.remove(&WithheldLabels {

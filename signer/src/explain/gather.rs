@@ -367,6 +367,13 @@ impl WorkloadReader {
         }
     }
 
+    /// The workload apiserver's version (`/version`), or why it cannot be told.
+    pub async fn version(&self) -> Result<attestation::kubernetes_minor::ApiserverVersion, String> {
+        let info = self.client.apiserver_version().await.map_err(|e| e.to_string())?;
+        attestation::kubernetes_minor::ApiserverVersion::parse(&info.major, &info.minor, &info.git_version)
+            .map_err(|e| e.to_string())
+    }
+
     /// Every CSR and Node.
     pub async fn facts(&self) -> Result<WorkloadFacts> {
         let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());

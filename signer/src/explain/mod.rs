@@ -245,6 +245,11 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         }
     };
     let reader = workload;
+    // The minor decides what a node identity reads and what revocation refuses.
+    match reader.version().await {
+        Ok(version) => notes.extend(crate::render::workload_minor(&version)),
+        Err(e) => notes.push(format!("the workload apiserver's Kubernetes minor cannot be told: {e}")),
+    }
     let workload = reader.facts().await?;
     let cluster_key = format!("{namespace}/{name}");
 

@@ -165,6 +165,9 @@ impl Worker {
             Ok(c) => c,
             Err(e) => return Err(ApplyError::Transient(format!("cannot sign with the cluster CA: {e}"))),
         };
+        // Recorded before it is written: a certificate is never issued unrecorded (revocation).
+        self.record_issued(&certificate, target, node_of(issuance), issuance.provider_id.as_str())
+            .await?;
         current.status.get_or_insert_default().certificate =
             Some(k8s_openapi::ByteString(certificate.pem().into_bytes()));
         self.put_csr("status", &name, &current).await?;

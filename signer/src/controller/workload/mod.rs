@@ -8,7 +8,8 @@
 //! - [`apply`]: the decision written (claim, approval, certificate, denial, challenge);
 //!   [`record`]: each certificate written recorded once, whoever finishes the work.
 //! - [`duties`]: the cluster's duties that are not CSR decisions (the signer's own RBAC,
-//!   kubeadm's bindings, join tokens).
+//!   kubeadm's bindings, join tokens, the apiserver's minor, revocation).
+//! - [`issued`]: what it knows of the certificates it issued and of the revoked list.
 //! - [`nodes`]: the cluster's Nodes by name and provider ID; [`queue`]: its bounded queue;
 //!   [`inflight`]: the fleet's slots for CSRs in flight; [`shared`]: what every worker shares.
 //!
@@ -23,6 +24,7 @@ pub mod csr;
 pub mod duties;
 pub mod inflight;
 pub mod intake;
+pub mod issued;
 pub mod nodes;
 pub mod queue;
 pub mod record;
@@ -50,6 +52,8 @@ impl Worker {
             tasks.spawn(Arc::clone(&self).legacy_binding_loop().in_current_span());
             tasks.spawn(Arc::clone(&self).join_token_loop().in_current_span());
             tasks.spawn(Arc::clone(&self).resync_loop().in_current_span());
+            tasks.spawn(Arc::clone(&self).apiserver_version_loop().in_current_span());
+            tasks.spawn(Arc::clone(&self).revocation_loop().in_current_span());
             tasks.spawn({
                 let worker = Arc::clone(&self);
                 async move { worker.nodes.watch(worker.client.clone()).await }.in_current_span()

@@ -66,6 +66,10 @@ pub struct Worker {
     /// The CSR watch is up (listed, and not failing since): what the RBAC duty's own retries
     /// go back to once they succeed.
     pub(super) csr_watch_up: std::sync::atomic::AtomicBool,
+    /// The workload apiserver's version, once read (`duties::apiserver_version`).
+    pub(super) apiserver: Mutex<Option<attestation::kubernetes_minor::ApiserverVersion>>,
+    /// The record of issued certificates and the revoked list (`duties::revocation`).
+    pub(super) revocation: Mutex<super::issued::RevocationState>,
 }
 
 /// How long a CSR this worker finished is left alone while the watch cache catches up. The
@@ -118,6 +122,8 @@ impl Worker {
             key_warned: Mutex::default(),
             claim_written: tokio::sync::Notify::new(),
             csr_watch_up: std::sync::atomic::AtomicBool::new(false),
+            apiserver: Mutex::default(),
+            revocation: Mutex::default(),
         })
     }
 

@@ -15,6 +15,7 @@
 //!   chose its identity and its rights (`kubectl apply -k config/workload` binds the signer's
 //!   user).
 
+pub mod config_map_data;
 pub mod own_identity;
 pub mod rbac;
 

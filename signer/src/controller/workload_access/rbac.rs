@@ -155,6 +155,12 @@ mod tests {
                 "RoleBinding kube-system/node-attestation-signer-join-tokens",
                 "ValidatingAdmissionPolicy node-attestation-signer-join-tokens",
                 "ValidatingAdmissionPolicyBinding node-attestation-signer-join-tokens",
+                "Role kube-system/node-attestation-signer-revocation",
+                "RoleBinding kube-system/node-attestation-signer-revocation",
+                "ValidatingAdmissionPolicy node-attestation-signer-configmaps",
+                "ValidatingAdmissionPolicyBinding node-attestation-signer-configmaps",
+                "ValidatingAdmissionPolicy node-attestation-revoked-certificates",
+                "ValidatingAdmissionPolicyBinding node-attestation-revoked-certificates",
             ]
         );
         assert_eq!(objects[4].resource.plural, "validatingadmissionpolicies");

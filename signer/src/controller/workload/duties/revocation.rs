@@ -1,0 +1,284 @@
+//! SPEC section 7, "Taking an identity back": the record of every certificate this signer
+//! issued in the workload cluster, and the list of revoked ones that cluster's
+//! `node-attestation-revoked-certificates` ValidatingAdmissionPolicy refuses.
+//!
+//! What is revoked is [`attestation::revocation`]'s (pure); this duty keeps the record in memory
+//! (read once when the worker starts, then every resync, and added to at each issuance before
+//! the certificate is written: [`Worker::record_issued`]), looks every [`TICK`] whether the
+//! management cache, the Nodes or the clock revoke something new, and writes the list only when
+//! it changes (one merge patch), reporting each revocation (log line, Event, counter). A
+//! restarted signer reads the record and the list again and catches up within a few ticks of
+//! its Cluster's objects being listed.
+//!
+//! Writes go through the signer's own workload identity (Role
+//! `node-attestation-signer-revocation`), as merge patches under [`FIELD_MANAGER`], so that an
+//! operator's entries (`node-attestation-signer revoke`) and the RBAC file's own apply never
+//! fight over them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use attestation::machine::{TargetKind, TargetRef};
+use attestation::revocation::CredentialId;
+use attestation::revocation::record::{self, IssuedCertificate, SHARD_BYTES};
+use attestation::revocation::revoked_list::{self, ListChange};
+use attestation::revocation::triggers::{self, Nodes};
+use kube::runtime::events::EventType;
+use time::OffsetDateTime;
+
+use crate::controller::management::ApplyError;
+use crate::controller::workload::worker::Worker;
+use crate::controller::workload_access::config_map_data;
+use crate::locks::lock;
+
+/// The field manager of the record's and the list's entries.
+pub const FIELD_MANAGER: &str = "node-attestation-signer-revocation";
+
+/// How often the duty looks for a new revocation: a trigger is acted on within this, plus the
+/// management watch's and the apiserver's own delays (SPEC: within 10 seconds).
+pub const TICK: Duration = Duration::from_secs(1);
+
+impl Worker {
+    /// Records `certificate` (a Machine's or pool instance's, for `node`) in the workload
+    /// cluster, before it is written to its CSR: a certificate is never issued unrecorded.
+    pub(in crate::controller::workload) async fn record_issued(
+        &self,
+        certificate: &attestation::ca::IssuedCertificate,
+        target: &TargetRef,
+        node: &str,
+        provider_id: &str,
+    ) -> Result<(), ApplyError> {
+        let entry = IssuedCertificate {
+            id: CredentialId::of_certificate(&certificate.der),
+            not_after: certificate.not_after.unix_timestamp(),
+            kind: target.kind,
+            target_uid: target.uid.clone(),
+            target_name: target.name.clone(),
+            node: node.to_owned(),
+            provider_id: provider_id.to_owned(),
+        };
+        let shard = entry.id.shard();
+        let (key, value) = (entry.key(), entry.value());
+        if lock(&self.revocation).shard_bytes[shard] + key.len() + value.len() > SHARD_BYTES {
+            return Err(ApplyError::Transient(format!(
+                "the record of issued certificates (ConfigMap kube-system/{}) is full: a certificate is not issued unrecorded; it empties as certificates expire",
+                record::shard_name(shard)
+            )));
+        }
+        let name = record::shard_name(shard);
+        let data = BTreeMap::from([(key.clone(), value.clone())]);
+        self.merge_data(&name, &data, &[]).await?;
+        let mut state = lock(&self.revocation);
+        state.shard_bytes[shard] += key.len() + value.len();
+        if let Some(issued) = state.issued.as_mut() {
+            issued.insert(entry.id, entry);
+        }
+        Ok(())
+    }
+
+    /// Sets `add` and removes `remove` in ConfigMap `name`'s data (creating it when missing).
+    async fn merge_data(
+        &self,
+        name: &str,
+        add: &BTreeMap<String, String>,
+        remove: &[String],
+    ) -> Result<(), ApplyError> {
+        config_map_data::merge(&self.client, name, add, remove, FIELD_MANAGER)
+            .await
+            .map_err(|e| write_error(name, e))
+    }
+
+    /// Reads the record's sixteen shards into memory (merged with what was recorded since).
+    async fn read_record(&self) -> Result<(), String> {
+        let mut read = HashMap::new();
+        let mut bytes = [0usize; 16];
+        let mut unreadable = 0usize;
+        for (shard, name) in record::shard_names().enumerate() {
+            let data = match config_map_data::read(&self.client, &name).await {
+                Ok(found) => found.unwrap_or_default(),
+                Err(e) => return Err(format!("cannot read ConfigMap kube-system/{name}: {e}")),
+            };
+            bytes[shard] = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+            let (entries, errors) = record::read_shard(&data);
+            unreadable += errors.len();
+            read.extend(entries.into_iter().map(|e| (e.id, e)));
+        }
+        if unreadable > 0 {
+            tracing::warn!(
+                unreadable,
+                "entries of the record of issued certificates do not read: they are ignored (edited by hand?)"
+            );
+        }
+        let mut state = lock(&self.revocation);
+        let issued = state.issued.get_or_insert_with(HashMap::new);
+        issued.extend(read);
+        state.shard_bytes = bytes;
+        Ok(())
+    }
+
+    /// Reads the revoked list; a missing one is created empty (the policy allows while it is
+    /// missing, and says nothing).
+    async fn read_list(&self) -> Result<(), String> {
+        let name = revoked_list::NAME;
+        match config_map_data::read(&self.client, name).await {
+            Ok(Some(found)) => {
+                let mut state = lock(&self.revocation);
+                let before = state.listed.replace(found);
+                if let (Some(before), Some(now)) = (before, state.listed.as_ref()) {
+                    // Entries the signer did not write: an operator's `revoke`, said here too.
+                    for (key, value) in now.iter().filter(|(k, _)| !before.contains_key(*k)) {
+                        tracing::info!(entry = %key, value = %value, "revoked list: an entry written by another (an operator's revoke)");
+                    }
+                }
+                state.missing_reported = false;
+                self.shared.metrics.revocation_list_missing(&self.key, false);
+                Ok(())
+            }
+            Ok(None) => {
+                if !std::mem::replace(&mut lock(&self.revocation).missing_reported, true) {
+                    tracing::warn!(
+                        "ConfigMap kube-system/{name} is missing: nothing revoked is refused until it is back; the signer creates it"
+                    );
+                    self.cluster_event(
+                        EventType::Warning,
+                        "RevocationListMissing",
+                        &format!("ConfigMap kube-system/{name} of the workload cluster is missing: its admission policy refuses no revoked certificate until the signer has created it again"),
+                    );
+                }
+                self.shared.metrics.revocation_list_missing(&self.key, true);
+                self.merge_data(name, &BTreeMap::new(), &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                lock(&self.revocation).listed = Some(BTreeMap::new());
+                self.shared.metrics.revocation_list_missing(&self.key, false);
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot read ConfigMap kube-system/{name}: {e}")),
+        }
+    }
+
+    /// Runs until the worker stops.
+    pub(in crate::controller::workload) async fn revocation_loop(self: Arc<Self>) {
+        let mut last_read: Option<Instant> = None;
+        let mut warned_full = false;
+        loop {
+            tokio::time::sleep(TICK).await;
+            if self.served_cluster().is_none() {
+                continue;
+            }
+            // The record and the list are read at the start and every resync (an edit by hand,
+            // another replica's writes during a hand-over).
+            if last_read.is_none_or(|at| at.elapsed() >= self.shared.settings.resync) {
+                match tokio::try_join!(self.read_record(), self.read_list()) {
+                    Ok(_) => last_read = Some(Instant::now()),
+                    Err(why) => {
+                        tracing::debug!(%why, "revocation: cannot read the record or the list yet");
+                        continue;
+                    }
+                }
+            }
+            let Some(change) = self.revocation_change() else {
+                continue;
+            };
+            if change.left_out > 0 && !std::mem::replace(&mut warned_full, true) {
+                tracing::error!(
+                    left_out = change.left_out,
+                    "the revoked list (kube-system/{}) is full: revocations are left out until entries expire",
+                    revoked_list::NAME
+                );
+                self.cluster_event(EventType::Warning, "RevocationListFull", &format!("{} revocations are left out: the list kube-system/{} is full until entries expire; shorten --client-cert-duration", change.left_out, revoked_list::NAME));
+            }
+            if change.is_empty() {
+                continue;
+            }
+            match self.merge_data(revoked_list::NAME, &change.add, &change.remove).await {
+                Ok(()) => self.listed_changed(&change),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot write the revoked list");
+                    // Read again next tick: it may have changed under us.
+                    last_read = None;
+                }
+            }
+        }
+    }
+
+    /// The list's change now, when the Cluster's objects, its Nodes' index, its apiserver's
+    /// minor, the record and the list are all known.
+    fn revocation_change(&self) -> Option<ListChange> {
+        let cluster = self.served_cluster()?;
+        let inventory = self.shared.management.inventory(&cluster)?;
+        let version = self.apiserver_version()?;
+        let names: Option<HashSet<String>> = self
+            .nodes
+            .all()
+            .ok()
+            .map(|nodes| nodes.into_iter().map(|n| n.name).collect());
+        let nodes = names.as_ref().map_or(Nodes::Unknown, Nodes::Listed);
+        let state = lock(&self.revocation);
+        let issued: Vec<IssuedCertificate> = state.issued.as_ref()?.values().cloned().collect();
+        let listed = state.listed.as_ref()?;
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let revoked = triggers::revoked(&issued, &inventory, nodes, now);
+        let live = triggers::live_node_names(&inventory);
+        let change = revoked_list::change(listed, &revoked, !version.has_credential_id(), &live, now);
+        Some(change)
+    }
+
+    /// Takes a written change into memory and reports each new revocation.
+    fn listed_changed(&self, change: &ListChange) {
+        let mut state = lock(&self.revocation);
+        let issued = state.issued.clone().unwrap_or_default();
+        let listed = state.listed.get_or_insert_with(BTreeMap::new);
+        for key in &change.remove {
+            listed.remove(key);
+        }
+        listed.extend(change.add.clone());
+        let total = listed.len();
+        drop(state);
+        self.shared.metrics.revoked_listed(&self.key, total);
+        for (key, value) in &change.add {
+            let Some(why) = revoked_list::read_value(value).map(|(_, why)| why) else {
+                continue;
+            };
+            let certificate = key
+                .strip_prefix("x509sha256.")
+                .and_then(CredentialId::from_hex)
+                .and_then(|id| issued.get(&id));
+            let Some(c) = certificate else {
+                tracing::info!(entry = %key, %why, "revoked by node name");
+                continue;
+            };
+            self.shared.metrics.certificate_revoked(&self.key, why.as_str());
+            let kind = match c.kind {
+                TargetKind::Machine => "Machine",
+                TargetKind::MachinePool => "MachinePool",
+            };
+            tracing::info!(node = %c.node, credential_id = %c.id, %why, "revoked the certificate of {kind} {}", c.target_name);
+            self.cluster_event(
+                EventType::Normal,
+                "CertificateRevoked",
+                &format!(
+                    "the certificate {} of node {} ({kind} {}, provider ID {}) is revoked ({why}): the workload apiserver refuses its writes until it would have expired",
+                    c.id.user_extra(),
+                    c.node,
+                    c.target_name,
+                    c.provider_id
+                ),
+            );
+        }
+    }
+}
+
+fn write_error(name: &str, error: kube::Error) -> ApplyError {
+    match error {
+        kube::Error::Api(status) if status.code == 403 => ApplyError::Transient(format!(
+            "the workload cluster refused the signer ConfigMap kube-system/{name} ({}): apply config/workload (Role node-attestation-signer-revocation)",
+            status.message
+        )),
+        kube::Error::Api(status) if status.code == 429 || status.code >= 500 => {
+            ApplyError::Overloaded(format!("ConfigMap kube-system/{name}: {}", status.message))
+        }
+        e => ApplyError::Transient(format!("ConfigMap kube-system/{name}: {e}")),
+    }
+}

@@ -1,0 +1,22 @@
+//! What a worker knows of the certificates it issued in its workload cluster and of that
+//! cluster's revoked list, in memory between the revocation duty's passes
+//! ([`super::duties::revocation`]): the record read back and added to at each issuance, each
+//! record shard's size, the list as last read or written.
+
+use std::collections::{BTreeMap, HashMap};
+
+use attestation::revocation::CredentialId;
+use attestation::revocation::record::IssuedCertificate;
+
+/// What the worker keeps of the record and the list.
+#[derive(Default)]
+pub struct RevocationState {
+    /// The record, by credential ID; `None` until read.
+    pub(in crate::controller::workload) issued: Option<HashMap<CredentialId, IssuedCertificate>>,
+    /// Bytes of each shard's `data`, as last read or written.
+    pub(in crate::controller::workload) shard_bytes: [usize; 16],
+    /// The list as last read or written; `None` until read (or while it is missing).
+    pub(in crate::controller::workload) listed: Option<BTreeMap<String, String>>,
+    /// The list is missing (the policy then allows every write): reported once.
+    pub(in crate::controller::workload) missing_reported: bool,
+}
