@@ -92,6 +92,16 @@ async fn revoke(args: &RevokeArgs) -> Result<()> {
         None => management.workload_kubeconfig(&facts.cluster).await?,
     };
     let workload = workload_client(&bytes, args.request_timeout).await?;
+    // Before 1.32 the apiserver names no credential ID: what is written here is not enforced.
+    if let Ok(info) = workload.apiserver_version().await
+        && let Ok(version) =
+            attestation::kubernetes_minor::ApiserverVersion::parse(&info.major, &info.minor, &info.git_version)
+        && !version.has_credential_id()
+    {
+        eprintln!(
+            "warning: the workload apiserver is {version}, which names no certificate in credential-id: the certificates listed here are not refused; delete the node's Machine (its node name is then refused while no live Machine uses it), or upgrade the control plane to 1.32"
+        );
+    }
 
     let mut entries = Vec::new();
     for shard in record::shard_names() {

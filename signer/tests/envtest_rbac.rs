@@ -99,6 +99,15 @@ fn refused(env: &Envtest, user: &str, args: &[&str]) {
     );
 }
 
+/// Refused by the named shipped admission policy.
+fn refused_by_policy(env: &Envtest, user: &str, args: &[&str], policy: &str) {
+    let (ok, text) = as_user(env, user, args);
+    assert!(
+        !ok && text.contains(&format!("ValidatingAdmissionPolicy '{policy}'")),
+        "{user} must be refused {args:?} by {policy}: {text}"
+    );
+}
+
 #[test]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 fn the_signer_can_do_its_job_and_nothing_near_it() {
@@ -305,6 +314,53 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         &["delete", "secret", "-n", "kube-system", "bootstrap-token-rbac01"],
     );
     allowed(&env, WORKLOAD_USER, &["get", "nodes"]);
+    // Revocation (SPEC section 7): its record and its list, no other ConfigMap, nothing deleted.
+    for name in ["node-attestation-issued-3", "node-attestation-revoked"] {
+        allowed(
+            &env,
+            WORKLOAD_USER,
+            &["create", "configmap", "-n", "kube-system", name, "--from-literal=k=v"],
+        );
+        allowed(&env, WORKLOAD_USER, &["get", "configmap", "-n", "kube-system", name]);
+        forbidden(&env, WORKLOAD_USER, &["delete", "configmap", "-n", "kube-system", name]);
+    }
+    refused_by_policy(
+        &env,
+        WORKLOAD_USER,
+        &[
+            "create",
+            "configmap",
+            "-n",
+            "kube-system",
+            "kube-proxy-config",
+            "--from-literal=k=v",
+        ],
+        "node-attestation-signer-configmaps",
+    );
+    refused_by_policy(
+        &env,
+        WORKLOAD_USER,
+        &[
+            "create",
+            "configmap",
+            "-n",
+            "kube-system",
+            "node-attestation-issued-g",
+            "--from-literal=k=v",
+        ],
+        "node-attestation-signer-configmaps",
+    );
+    forbidden(
+        &env,
+        WORKLOAD_USER,
+        &["get", "configmap", "-n", "kube-system", "kubeadm-config"],
+    );
+    forbidden(&env, WORKLOAD_USER, &["get", "configmaps", "-n", "kube-system"]);
+    forbidden(
+        &env,
+        WORKLOAD_USER,
+        &["create", "configmap", "-n", "default", "x", "--from-literal=k=v"],
+    );
     env.apply(&[
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:node-autoapprove-bootstrap"},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:certificates.k8s.io:certificatesigningrequests:nodeclient"},

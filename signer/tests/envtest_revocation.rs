@@ -214,6 +214,29 @@ async fn a_deleted_machines_certificates_stop_working_once_cluster_api_is_done_w
     kubelet_writes(&node2, "worker-2").await.unwrap();
     kubelet_writes(&node2_renewed, "worker-2").await.unwrap();
     kubelet_writes(&node3, "worker-3").await.unwrap();
+    // explain names it.
+    let explained = std::process::Command::new(SIGNER_BIN)
+        .args([
+            "explain",
+            "--cluster",
+            &format!("{}/{}", capi::NAMESPACE, capi::CLUSTER),
+            "--pending",
+            "-o",
+            "json",
+            "--offline",
+        ])
+        .env("KUBECONFIG", &w.env.admin_kubeconfig)
+        .output()
+        .unwrap();
+    let explained: Value = serde_json::from_slice(&explained.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&explained.stderr)));
+    let revoked = explained["revoked"]["entries"].as_array().unwrap();
+    assert!(
+        revoked
+            .iter()
+            .any(|e| e["node"] == "worker-1" && e["reason"] == "MachineReleased" && e["target"] == "Machine worker-1"),
+        "{explained:#}"
+    );
     // The end of the deletion: the revoked certificate cannot re-create its Node.
     deleted(&admin, &w.admin, "worker-1").await;
     let err = kubelet_writes(&node1, "worker-1").await.unwrap_err();
@@ -315,4 +338,77 @@ async fn a_deleted_machines_certificates_stop_working_once_cluster_api_is_done_w
         ),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
+async fn a_pool_scale_down_and_a_replaced_claim_take_back_only_the_identity_that_left() {
+    let env = Envtest::start("envtest_revocation_pool");
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
+    live::apply(&admin, &w.own(capi::kubeadm_config("pool-kc", "abcdef", "v1beta2"))).await;
+    live::apply(
+        &admin,
+        &w.own(capi::machine_pool("pool", &[&pid("pool-1"), &pid("pool-2")])),
+    )
+    .await;
+    w.add_machine(&admin, "worker-5", &pid("worker-5")).await;
+    let signer = Signer::start(Path::new(SIGNER_BIN), &w.env, &[]).await;
+    let key = tests::csr::key(KeyAlgorithm::EcdsaP256).private_key_pem();
+    let mut nodes = Vec::new();
+    for (csr, node, provider_id) in [
+        ("join-pool-1", "pool-node-1", pid("pool-1")),
+        ("join-pool-2", "pool-node-2", pid("pool-2")),
+        ("join-worker-5", "worker-5", pid("worker-5")),
+    ] {
+        let cert = join(&w, &w.bootstrap, csr, node, &provider_id).await;
+        let client = w.node_client(node, &cert, &key).await;
+        kubelet_writes(&client, node).await.unwrap();
+        nodes.push((node, client));
+    }
+
+    // The pool scales down: the infrastructure provider drops pool-2 from providerIDList.
+    let scaled = json!({"spec": {"providerIDList": [pid("pool-1")], "replicas": 1}});
+    let pools = Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        capi::NAMESPACE,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachinePool"),
+            "machinepools",
+        ),
+    );
+    pools
+        .patch("pool", &PatchParams::default(), &Patch::Merge(&scaled))
+        .await
+        .unwrap();
+    let took = refused_within(&nodes[1].1, "pool-node-2", Duration::from_secs(10), &signer).await;
+    eprintln!(
+        "minor 1.{}: pool-node-2 refused {took:?} after leaving providerIDList",
+        kubernetes_minor()
+    );
+    kubelet_writes(&nodes[0].1, "pool-node-1").await.unwrap();
+    kubelet_writes(&nodes[2].1, "worker-5").await.unwrap();
+
+    // worker-5's Machine now names another instance: its old identity is replaced.
+    let moved = json!({"spec": {"providerID": pid("worker-5-replacement")}});
+    machines(&admin)
+        .patch("worker-5", &PatchParams::default(), &Patch::Merge(&moved))
+        .await
+        .unwrap();
+    let took = refused_within(&nodes[2].1, "worker-5", Duration::from_secs(10), &signer).await;
+    eprintln!(
+        "minor 1.{}: worker-5 refused {took:?} after its Machine changed instance",
+        kubernetes_minor()
+    );
+    kubelet_writes(&nodes[0].1, "pool-node-1").await.unwrap();
+    let metrics = signer.metrics();
+    for reason in ["PoolInstanceGone", "ClaimReplaced"] {
+        assert!(
+            metrics.contains(&format!(
+                "node_attestation_certificates_revoked_total{{cluster=\"team-a/prod\",reason=\"{reason}\"}}"
+            )),
+            "{reason}: {metrics}"
+        );
+    }
 }

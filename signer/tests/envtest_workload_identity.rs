@@ -204,7 +204,7 @@ async fn the_signer_acts_in_a_workload_cluster_as_itself_with_certificates_it_is
         .collect();
     assert!(others.is_empty(), "writes by {others:?}");
 
-    // The admin identity wrote the six RBAC objects, server-side applied under the signer's
+    // The admin identity wrote the twelve RBAC objects, server-side applied under the signer's
     // field manager, and nothing else.
     let admin_objects: BTreeSet<String> = admin
         .iter()
@@ -224,10 +224,19 @@ async fn the_signer_acts_in_a_workload_cluster_as_itself_with_certificates_it_is
             "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/node-attestation-signer-join-tokens".to_owned(),
             "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/node-attestation-signer-join-tokens"
                 .to_owned(),
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/roles/node-attestation-signer-revocation".to_owned(),
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/kube-system/rolebindings/node-attestation-signer-revocation".to_owned(),
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/node-attestation-signer-configmaps".to_owned(),
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/node-attestation-signer-configmaps"
+                .to_owned(),
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/node-attestation-revoked-certificates"
+                .to_owned(),
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/node-attestation-revoked-certificates"
+                .to_owned(),
         ]),
         "the admin identity's writes"
     );
-    assert_eq!(admin.len(), 6, "each applied once: {admin:#?}");
+    assert_eq!(admin.len(), 12, "each applied once: {admin:#?}");
     let rbac_done = admin.iter().map(|w| w.4.clone()).max().unwrap();
     let first_own = own
         .iter()
@@ -251,6 +260,9 @@ async fn the_signer_acts_in_a_workload_cluster_as_itself_with_certificates_it_is
         "/apis/certificates.k8s.io/v1/certificatesigningrequests/csr-worker-1/approval",
         "/apis/certificates.k8s.io/v1/certificatesigningrequests/csr-worker-1/status",
         "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/kubeadm:node-autoapprove-bootstrap",
+        // Revocation: its record, then its list, as itself.
+        "/api/v1/namespaces/kube-system/configmaps/node-attestation-issued-",
+        "/api/v1/namespaces/kube-system/configmaps",
     ] {
         assert!(
             own_uris.iter().any(|u| u.starts_with(wanted)),

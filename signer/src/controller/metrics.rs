@@ -183,6 +183,7 @@ pub struct Metrics {
     certificates_revoked: Family<RevokedLabels, Counter>,
     revoked_listed: Family<ClusterLabels, Gauge>,
     revocation_list_missing: Family<ClusterLabels, Gauge>,
+    certificates_unrecorded: Family<ClusterLabels, Counter>,
 }
 
 /// Labels of a revoked certificate.
@@ -240,6 +241,7 @@ impl Metrics {
             certificates_revoked: Family::default(),
             revoked_listed: Family::default(),
             revocation_list_missing: Family::default(),
+            certificates_unrecorded: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("node_attestation");
         r.register(
@@ -393,7 +395,21 @@ impl Metrics {
             "1 while a workload cluster's revoked list is missing: its admission policy refuses nothing revoked",
             metrics.revocation_list_missing.clone(),
         );
+        r.register(
+            "certificates_unrecorded",
+            "Certificates issued without a record because the workload cluster refused the signer its record ConfigMaps (its RBAC predates revocation): they cannot be revoked",
+            metrics.certificates_unrecorded.clone(),
+        );
         metrics
+    }
+
+    /// Counts a certificate of `cluster` issued unrecorded.
+    pub fn certificate_unrecorded(&self, cluster: &str) {
+        self.certificates_unrecorded
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts a revoked certificate of `cluster`.

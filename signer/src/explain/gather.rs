@@ -374,6 +374,32 @@ impl WorkloadReader {
             .map_err(|e| e.to_string())
     }
 
+    /// The revoked list and the signer's record, joined; what could not be read is said.
+    pub async fn revoked(&self) -> super::revoked::RevokedReport {
+        use crate::controller::workload_access::config_map_data;
+        let list = match config_map_data::read(&self.client, attestation::revocation::revoked_list::NAME).await {
+            Ok(list) => list,
+            Err(e) => {
+                return super::revoked::RevokedReport {
+                    entries: Vec::new(),
+                    unreadable: Some(format!(
+                        "cannot read ConfigMap kube-system/{}: {e} (explain needs get on it: config/explain/workload-cluster.yaml)",
+                        attestation::revocation::revoked_list::NAME
+                    )),
+                };
+            }
+        };
+        let mut shards = Vec::new();
+        for name in attestation::revocation::record::shard_names() {
+            match config_map_data::read(&self.client, &name).await {
+                Ok(data) => shards.push(data.unwrap_or_default()),
+                // Without the record the entries are still listed, unnamed.
+                Err(e) => tracing::debug!(error = %e, "cannot read the record's {name}"),
+            }
+        }
+        super::revoked::report(list.as_ref(), &super::revoked::issued(&shards))
+    }
+
     /// Every CSR and Node.
     pub async fn facts(&self) -> Result<WorkloadFacts> {
         let csrs: Api<CertificateSigningRequest> = Api::all(self.client.clone());

@@ -18,6 +18,7 @@ pub mod gather;
 pub mod outside;
 pub mod rbac;
 pub mod report;
+pub mod revoked;
 pub mod tokens;
 
 use std::path::PathBuf;
@@ -68,7 +69,7 @@ pub struct ExplainArgs {
     /// `recorded`, `now` (the decision with every rule), `machine`, `node`, `events`,
     /// `otherCSRs`, `notes`. For a node that filed no CSR: `cluster`, `node`,
     /// `outsideAttestation`, `remedy`, `notes`. With --pending: `cluster`, `csrs`,
-    /// `outsideAttestation`, `joinTokens`, `notes`.
+    /// `outsideAttestation`, `joinTokens`, `revoked`, `notes`.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// Make no call to Google, STS or Azure Resource Manager: a decision that needs one stays
@@ -257,15 +258,18 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         let listed = pending(&judge, &facts, &workload).await?;
         let join_tokens = join_tokens(&reader, &facts, &workload, judge.now).await;
         let outside = outside::report(&facts.cluster, &facts.inventory, &workload.nodes, &workload.csrs);
+        let revoked = reader.revoked().await;
         match args.output {
-            OutputFormat::Json => println!(
-                "{}",
-                serde_json::to_string_pretty(&pending_json(&cluster_key, &listed, &outside, &join_tokens, &notes))?
-            ),
+            OutputFormat::Json => {
+                let mut json = pending_json(&cluster_key, &listed, &outside, &join_tokens, &notes);
+                json["revoked"] = serde_json::to_value(&revoked)?;
+                println!("{}", serde_json::to_string_pretty(&json)?);
+            }
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));
                 print!("{}", outside::render(&outside));
                 print!("{}", tokens::render(&join_tokens));
+                print!("{}", revoked::render(&revoked));
                 for note in &notes {
                     println!("note: {note}");
                 }

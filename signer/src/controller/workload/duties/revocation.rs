@@ -68,7 +68,27 @@ impl Worker {
         }
         let name = record::shard_name(shard);
         let data = BTreeMap::from([(key.clone(), value.clone())]);
-        self.merge_data(&name, &data, &[]).await?;
+        match config_map_data::merge(&self.client, &name, &data, &[], FIELD_MANAGER).await {
+            Ok(()) => {}
+            // The signer's workload role predates revocation (an operator's kubeconfig whose
+            // config/workload was not applied again): issuing unrecorded keeps nodes joining,
+            // loudly; the certificate then expires on its own (docs/revocation.md).
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                tracing::warn!(
+                    node,
+                    "the certificate is issued unrecorded: the workload cluster refuses the signer its record ({}); apply config/workload there",
+                    status.message
+                );
+                self.shared.metrics.certificate_unrecorded(&self.key);
+                self.cluster_event(
+                    EventType::Warning,
+                    "CertificateUnrecorded",
+                    &format!("the certificate of node {node} is issued without a record, so it cannot be revoked: the workload cluster refuses the signer ConfigMap kube-system/{name}; apply config/workload there (Role node-attestation-signer-revocation)"),
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(write_error(&name, e)),
+        }
         let mut state = lock(&self.revocation);
         state.shard_bytes[shard] += key.len() + value.len();
         if let Some(issued) = state.issued.as_mut() {
