@@ -108,6 +108,7 @@ async fn revoke(args: &RevokeArgs) -> Result<()> {
         let data = config_map_data::read(&workload, &shard)
             .await
             .with_context(|| format!("cannot read the signer's record (ConfigMap kube-system/{shard})"))?
+            .map(|(data, _)| data)
             .unwrap_or_default();
         entries.extend(record::read_shard(&data).0);
     }
@@ -123,23 +124,44 @@ async fn revoke(args: &RevokeArgs) -> Result<()> {
             args.cluster
         );
     }
-    let add: BTreeMap<String, String> = chosen
+    let listed: Vec<revoked_list::Listed> = chosen
         .iter()
-        .map(|c| {
-            (
-                revoked_list::certificate_key(&c.id),
-                revoked_list::value(c.not_after, RevokeReason::Operator),
-            )
+        .map(|c| revoked_list::Listed {
+            id: c.id,
+            not_after: c.not_after,
+            why: RevokeReason::Operator,
         })
         .collect();
-    config_map_data::merge(&workload, revoked_list::NAME, &add, &[], FIELD_MANAGER)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot write the revoked list (ConfigMap kube-system/{})",
-                revoked_list::NAME
-            )
-        })?;
+    // The list's values are rewritten from what was read: conditional on its version, read
+    // again when the running signer wrote meanwhile.
+    let mut attempts = 0;
+    loop {
+        let current = config_map_data::read(&workload, revoked_list::NAME)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot read the revoked list (ConfigMap kube-system/{})",
+                    revoked_list::NAME
+                )
+            })?;
+        let (data, version) = match &current {
+            Some((data, version)) => (data.clone(), Some(version.as_str())),
+            None => (BTreeMap::new(), None),
+        };
+        let set = revoked_list::with_certificates(&data, &listed);
+        match config_map_data::merge(&workload, revoked_list::NAME, &set, &[], FIELD_MANAGER, version).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempts < 5 => attempts += 1,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot write the revoked list (ConfigMap kube-system/{})",
+                        revoked_list::NAME
+                    )
+                });
+            }
+        }
+    }
 
     let ids: Vec<String> = chosen.iter().map(|c| c.id.user_extra()).collect();
     let text = format!(

@@ -392,12 +392,12 @@ impl WorkloadReader {
         let mut shards = Vec::new();
         for name in attestation::revocation::record::shard_names() {
             match config_map_data::read(&self.client, &name).await {
-                Ok(data) => shards.push(data.unwrap_or_default()),
+                Ok(data) => shards.push(data.map(|(data, _)| data).unwrap_or_default()),
                 // Without the record the entries are still listed, unnamed.
                 Err(e) => tracing::debug!(error = %e, "cannot read the record's {name}"),
             }
         }
-        super::revoked::report(list.as_ref(), &super::revoked::issued(&shards))
+        super::revoked::report(list.as_ref().map(|(data, _)| data), &super::revoked::issued(&shards))
     }
 
     /// Every CSR and Node.

@@ -260,11 +260,17 @@ async fn explain(args: &ExplainArgs) -> Result<()> {
         let outside = outside::report(&facts.cluster, &facts.inventory, &workload.nodes, &workload.csrs);
         let revoked = reader.revoked().await;
         match args.output {
-            OutputFormat::Json => {
-                let mut json = pending_json(&cluster_key, &listed, &outside, &join_tokens, &notes);
-                json["revoked"] = serde_json::to_value(&revoked)?;
-                println!("{}", serde_json::to_string_pretty(&json)?);
-            }
+            OutputFormat::Json => println!(
+                "{}",
+                serde_json::to_string_pretty(&pending_json(
+                    &cluster_key,
+                    &listed,
+                    &outside,
+                    &join_tokens,
+                    &revoked,
+                    &notes
+                ))?
+            ),
             OutputFormat::Text => {
                 print!("{}", report::render_pending(&cluster_key, &listed));
                 print!("{}", outside::render(&outside));
@@ -376,11 +382,12 @@ fn pending_json(
     csrs: &[ListedCsr],
     outside: &outside::OutsideReport,
     join_tokens: &tokens::TokenReport,
+    revoked: &revoked::RevokedReport,
     notes: &[String],
 ) -> serde_json::Value {
     serde_json::json!({
         "cluster": cluster, "csrs": csrs, "outsideAttestation": outside,
-        "joinTokens": join_tokens, "notes": notes
+        "joinTokens": join_tokens, "revoked": revoked, "notes": notes
     })
 }
 
@@ -530,7 +537,14 @@ mod tests {
         let mut printed = BTreeSet::new();
         for json in [
             serde_json::to_value(&explanation).unwrap(),
-            pending_json("team-a/prod", &[], &outside, &join_tokens, &notes),
+            pending_json(
+                "team-a/prod",
+                &[],
+                &outside,
+                &join_tokens,
+                &revoked::RevokedReport::default(),
+                &notes,
+            ),
             outside_node_json("team-a/prod", "worker-0", &outside, &notes),
         ] {
             printed.extend(keys(&json));

@@ -45,39 +45,37 @@ pub fn report(list: Option<&BTreeMap<String, String>>, issued: &[IssuedCertifica
         };
     };
     let by_id: HashMap<CredentialId, &IssuedCertificate> = issued.iter().map(|c| (c.id, c)).collect();
-    let mut entries: Vec<RevokedEntry> = list
-        .iter()
-        .filter_map(|(key, value)| {
-            let (not_after, why) = revoked_list::read_value(value)?;
-            let until = time::OffsetDateTime::from_unix_timestamp(not_after)
-                .ok()?
-                .format(&time::format_description::well_known::Rfc3339)
-                .ok()?;
-            if let Some(node) = key.strip_prefix("node.") {
-                return Some(RevokedEntry {
-                    credential: format!("node {node}"),
-                    node: Some(node.to_owned()),
-                    target: None,
-                    reason: why.to_string(),
-                    until,
-                });
-            }
-            let id = CredentialId::from_hex(key.strip_prefix("x509sha256.")?)?;
-            let recorded = by_id.get(&id);
-            Some(RevokedEntry {
-                credential: id.user_extra(),
-                node: recorded.map(|c| c.node.clone()),
-                target: recorded.map(|c| match c.kind {
-                    attestation::machine::TargetKind::Machine => format!("Machine {}", c.target_name),
-                    attestation::machine::TargetKind::MachinePool => {
-                        format!("MachinePool {} ({})", c.target_name, c.provider_id)
-                    }
-                }),
-                reason: why.to_string(),
-                until,
-            })
+    let until = |not_after: i64| {
+        time::OffsetDateTime::from_unix_timestamp(not_after)
+            .ok()
+            .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+            .unwrap_or_else(|| not_after.to_string())
+    };
+    let mut entries: Vec<RevokedEntry> = revoked_list::listed_nodes(list)
+        .into_iter()
+        .map(|(node, not_after, why)| RevokedEntry {
+            credential: format!("node {node}"),
+            node: Some(node),
+            target: None,
+            reason: why.to_string(),
+            until: until(not_after),
         })
         .collect();
+    entries.extend(revoked_list::listed_certificates(list).into_iter().map(|l| {
+        let recorded = by_id.get(&l.id);
+        RevokedEntry {
+            credential: l.id.user_extra(),
+            node: recorded.map(|c| c.node.clone()),
+            target: recorded.map(|c| match c.kind {
+                attestation::machine::TargetKind::Machine => format!("Machine {}", c.target_name),
+                attestation::machine::TargetKind::MachinePool => {
+                    format!("MachinePool {} ({})", c.target_name, c.provider_id)
+                }
+            }),
+            reason: l.why.to_string(),
+            until: until(l.not_after),
+        }
+    }));
     entries.sort_by(|a, b| a.node.cmp(&b.node).then(a.credential.cmp(&b.credential)));
     RevokedReport {
         entries,
@@ -131,17 +129,19 @@ mod tests {
             node: "worker-1".into(),
             provider_id: "aws:///a/i-1".into(),
         };
-        let list = BTreeMap::from([
-            (
-                revoked_list::certificate_key(&c.id),
-                revoked_list::value(c.not_after, RevokeReason::MachineReleased),
-            ),
-            (
-                revoked_list::node_key("worker-9"),
-                revoked_list::value(1_900_000_000, RevokeReason::MachineGone),
-            ),
-            ("junk".to_owned(), "junk".to_owned()),
-        ]);
+        let mut list = revoked_list::with_certificates(
+            &BTreeMap::new(),
+            &[revoked_list::Listed {
+                id: c.id,
+                not_after: c.not_after,
+                why: RevokeReason::MachineReleased,
+            }],
+        );
+        list.insert(
+            revoked_list::node_key("worker-9"),
+            revoked_list::node_value(1_900_000_000, RevokeReason::MachineGone),
+        );
+        list.insert("junk".to_owned(), "junk".to_owned());
         let report = report(Some(&list), &[c]);
         assert_eq!(report.entries.len(), 2);
         let text = render(&report);

@@ -17,6 +17,9 @@ pub struct RevocationState {
     pub(in crate::controller::workload) shard_bytes: [usize; 16],
     /// The list as last read or written; `None` until read (or while it is missing).
     pub(in crate::controller::workload) listed: Option<BTreeMap<String, String>>,
+    /// The list's resourceVersion as last read or written: its values are rewritten from what was
+    /// read, so each write is conditional on it.
+    pub(in crate::controller::workload) listed_version: Option<String>,
     /// The list is missing (the policy then allows every write): reported once.
     pub(in crate::controller::workload) missing_reported: bool,
 }

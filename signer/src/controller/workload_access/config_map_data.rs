@@ -14,14 +14,18 @@ use kube::{Api, Client};
 pub const NAMESPACE: &str = "kube-system";
 
 /// Sets `add` and removes `remove` in ConfigMap `kube-system/name`'s data under
-/// `field_manager`, creating the ConfigMap (with `add`) when it is missing.
+/// `field_manager`, creating the ConfigMap (with `add`) when it is missing; its new
+/// resourceVersion. With
+/// `resource_version`, only if the ConfigMap is still at that version (409 otherwise): for a
+/// value rewritten from what was read.
 pub async fn merge(
     client: &Client,
     name: &str,
     add: &BTreeMap<String, String>,
     remove: &[String],
     field_manager: &str,
-) -> Result<(), kube::Error> {
+    resource_version: Option<&str>,
+) -> Result<Option<String>, kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     let mut data = serde_json::Map::new();
     for (k, v) in add {
@@ -30,13 +34,17 @@ pub async fn merge(
     for k in remove {
         data.insert(k.clone(), serde_json::Value::Null);
     }
-    let patch = serde_json::json!({ "data": data });
+    let mut patch = serde_json::json!({ "data": data });
+    if let Some(version) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": version });
+    }
     let params = PatchParams {
         field_manager: Some(field_manager.to_owned()),
         ..PatchParams::default()
     };
+    let version = |c: ConfigMap| c.metadata.resource_version;
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => Ok(()),
+        Ok(written) => Ok(version(written)),
         Err(kube::Error::Api(status)) if status.code == 404 => {
             let created = ConfigMap {
                 metadata: ObjectMeta {
@@ -56,10 +64,10 @@ pub async fn merge(
                 ..PostParams::default()
             };
             match api.create(&post, &created).await {
-                Ok(_) => Ok(()),
+                Ok(written) => Ok(version(written)),
                 // Created meanwhile (another pass, another replica): patch it.
                 Err(kube::Error::Api(status)) if status.code == 409 => {
-                    api.patch(name, &params, &Patch::Merge(&patch)).await.map(|_| ())
+                    api.patch(name, &params, &Patch::Merge(&patch)).await.map(version)
                 }
                 Err(e) => Err(e),
             }
@@ -68,8 +76,11 @@ pub async fn merge(
     }
 }
 
-/// ConfigMap `kube-system/name`'s data (`None`: there is no such ConfigMap).
-pub async fn read(client: &Client, name: &str) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+/// ConfigMap `kube-system/name`'s data and resourceVersion (`None`: there is no such ConfigMap).
+pub async fn read(client: &Client, name: &str) -> Result<Option<(BTreeMap<String, String>, String)>, kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    Ok(api.get_opt(name).await?.map(|c| c.data.unwrap_or_default()))
+    Ok(api.get_opt(name).await?.map(|c| {
+        let version = c.metadata.resource_version.unwrap_or_default();
+        (c.data.unwrap_or_default(), version)
+    }))
 }

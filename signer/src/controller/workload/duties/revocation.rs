@@ -68,8 +68,8 @@ impl Worker {
         }
         let name = record::shard_name(shard);
         let data = BTreeMap::from([(key.clone(), value.clone())]);
-        match config_map_data::merge(&self.client, &name, &data, &[], FIELD_MANAGER).await {
-            Ok(()) => {}
+        match config_map_data::merge(&self.client, &name, &data, &[], FIELD_MANAGER, None).await {
+            Ok(_) => {}
             // The signer's workload role predates revocation (an operator's kubeconfig whose
             // config/workload was not applied again): issuing unrecorded keeps nodes joining,
             // loudly; the certificate then expires on its own (docs/revocation.md).
@@ -97,14 +97,16 @@ impl Worker {
         Ok(())
     }
 
-    /// Sets `add` and removes `remove` in ConfigMap `name`'s data (creating it when missing).
+    /// Sets `add` and removes `remove` in ConfigMap `name`'s data (creating it when missing),
+    /// only at `version` when given; its new resourceVersion.
     async fn merge_data(
         &self,
         name: &str,
         add: &BTreeMap<String, String>,
         remove: &[String],
-    ) -> Result<(), ApplyError> {
-        config_map_data::merge(&self.client, name, add, remove, FIELD_MANAGER)
+        version: Option<&str>,
+    ) -> Result<Option<String>, ApplyError> {
+        config_map_data::merge(&self.client, name, add, remove, FIELD_MANAGER, version)
             .await
             .map_err(|e| write_error(name, e))
     }
@@ -116,7 +118,7 @@ impl Worker {
         let mut unreadable = 0usize;
         for (shard, name) in record::shard_names().enumerate() {
             let data = match config_map_data::read(&self.client, &name).await {
-                Ok(found) => found.unwrap_or_default(),
+                Ok(found) => found.map(|(data, _)| data).unwrap_or_default(),
                 Err(e) => return Err(format!("cannot read ConfigMap kube-system/{name}: {e}")),
             };
             bytes[shard] = data.iter().map(|(k, v)| k.len() + v.len()).sum();
@@ -142,13 +144,21 @@ impl Worker {
     async fn read_list(&self) -> Result<(), String> {
         let name = revoked_list::NAME;
         match config_map_data::read(&self.client, name).await {
-            Ok(Some(found)) => {
+            Ok(Some((found, version))) => {
                 let mut state = lock(&self.revocation);
                 let before = state.listed.replace(found);
+                state.listed_version = Some(version);
                 if let (Some(before), Some(now)) = (before, state.listed.as_ref()) {
-                    // Entries the signer did not write: an operator's `revoke`, said here too.
-                    for (key, value) in now.iter().filter(|(k, _)| !before.contains_key(*k)) {
-                        tracing::info!(entry = %key, value = %value, "revoked list: an entry written by another (an operator's revoke)");
+                    // Certificates the signer did not list: an operator's `revoke`, said here too.
+                    let known: HashSet<CredentialId> = revoked_list::listed_certificates(&before)
+                        .into_iter()
+                        .map(|l| l.id)
+                        .collect();
+                    for l in revoked_list::listed_certificates(now)
+                        .into_iter()
+                        .filter(|l| !known.contains(&l.id))
+                    {
+                        tracing::info!(credential_id = %l.id, why = %l.why, "revoked list: a certificate listed by another (an operator's revoke)");
                     }
                 }
                 state.missing_reported = false;
@@ -167,10 +177,13 @@ impl Worker {
                     );
                 }
                 self.shared.metrics.revocation_list_missing(&self.key, true);
-                self.merge_data(name, &BTreeMap::new(), &[])
+                let version = self
+                    .merge_data(name, &BTreeMap::new(), &[], None)
                     .await
                     .map_err(|e| e.to_string())?;
-                lock(&self.revocation).listed = Some(BTreeMap::new());
+                let mut state = lock(&self.revocation);
+                state.listed = Some(BTreeMap::new());
+                state.listed_version = version;
                 self.shared.metrics.revocation_list_missing(&self.key, false);
                 Ok(())
             }
@@ -212,8 +225,12 @@ impl Worker {
             if change.is_empty() {
                 continue;
             }
-            match self.merge_data(revoked_list::NAME, &change.add, &change.remove).await {
-                Ok(()) => self.listed_changed(&change),
+            let version = lock(&self.revocation).listed_version.clone();
+            match self
+                .merge_data(revoked_list::NAME, &change.set, &change.remove, version.as_deref())
+                .await
+            {
+                Ok(version) => self.listed_changed(&change, version),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot write the revoked list");
                     // Read again next tick: it may have changed under us.
@@ -246,29 +263,24 @@ impl Worker {
     }
 
     /// Takes a written change into memory and reports each new revocation.
-    fn listed_changed(&self, change: &ListChange) {
+    fn listed_changed(&self, change: &ListChange, version: Option<String>) {
         let mut state = lock(&self.revocation);
         let issued = state.issued.clone().unwrap_or_default();
+        state.listed_version = version;
         let listed = state.listed.get_or_insert_with(BTreeMap::new);
         for key in &change.remove {
             listed.remove(key);
         }
-        listed.extend(change.add.clone());
-        let total = listed.len();
+        listed.extend(change.set.clone());
+        let total = revoked_list::listed_certificates(listed).len() + revoked_list::listed_nodes(listed).len();
         drop(state);
         self.shared.metrics.revoked_listed(&self.key, total);
-        for (key, value) in &change.add {
-            let Some(why) = revoked_list::read_value(value).map(|(_, why)| why) else {
-                continue;
-            };
-            let certificate = key
-                .strip_prefix("x509sha256.")
-                .and_then(CredentialId::from_hex)
-                .and_then(|id| issued.get(&id));
-            let Some(c) = certificate else {
-                tracing::info!(entry = %key, %why, "revoked by node name");
-                continue;
-            };
+        for node in &change.added_nodes {
+            tracing::info!(%node, "revoked by node name (the workload apiserver names no credential ID)");
+        }
+        for added in &change.added {
+            let why = added.why;
+            let Some(c) = issued.get(&added.id) else { continue };
             self.shared.metrics.certificate_revoked(&self.key, why.as_str());
             let kind = match c.kind {
                 TargetKind::Machine => "Machine",
