@@ -40,6 +40,13 @@
 //!    removes it): its renewal is refused, the new node's keeps working.
 //!
 //! Every CSR the suite files ends (none left pending) and every refusal names the deletion.
+//!
+//! Taking an identity back (SPEC section 7, revision 6): in each of the four, the certificate the
+//! signer issued to the old node keeps writing while its Machine drains, and is refused every
+//! write (Lease, Node, Node status) within 10 s of Cluster API being done with the node: the
+//! Machine gone (1, 2), the instance out of `providerIDList` (3), KCP's Machine at
+//! `WaitingForPreTerminateHook` (4). Before 1.32 (no credential ID) the revoked node name refuses
+//! the old node's renewal before it is filed, whatever certificate it is made with.
 
 #![allow(clippy::unwrap_used)]
 
@@ -186,6 +193,48 @@ impl Life {
                 self.signer.log()
             ),
         }
+    }
+
+    /// Revocation (SPEC section 7, "Taking an identity back"): `identity`, a certificate the
+    /// signer issued to `node`, can no longer write (its Lease, its Node, its Node's status)
+    /// within 10 s; how long it took.
+    async fn revoked(&self, identity: &(String, String), node: &str, when: &str) -> std::time::Duration {
+        let client = self
+            .w
+            .node_client(&format!("{node}-revoked"), &identity.0, &identity.1)
+            .await;
+        let had_node = tests::kubelet::node(&self.w.admin, node).await.is_some();
+        let took =
+            tests::revocation::refused_within(&client, node, std::time::Duration::from_secs(10), &self.signer).await;
+        // The probe's own writes before the refusal (within the window the SPEC allows) may have
+        // re-created the Node Cluster API deleted: gone again, as the suite left it.
+        if !had_node {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.w.admin.clone());
+            let _ = nodes.delete(node, &Default::default()).await;
+        }
+        eprintln!("{node}'s certificate refused {when}, {took:?} after the trigger");
+        took
+    }
+
+    /// A renewal once the node's identity is revoked. The suite's renewal is filed with a
+    /// certificate the suite made due for rotation (`make_due_for_rotation`: the test CA, not
+    /// the signer, so not in the signer's record). From 1.32 (credential IDs) only the signer's
+    /// certificates are refused, so the renewal is filed and denied `reason`; before 1.32 the
+    /// revoked node name refuses every certificate of that name, the renewal's CSR included.
+    async fn refused_once_revoked(&mut self, node: &PluginNode, reason: &str, says: &str, when: &str) {
+        if tests::envtest::kubernetes_minor() >= 32 {
+            self.refused(node, reason, says, when).await;
+            return;
+        }
+        node.due_for_rotation(&self.w.env);
+        node.backoff_over();
+        let (_, stderr) = node.call();
+        assert!(
+            stderr.contains(tests::revocation::REFUSAL),
+            "{} renews {when}: the CSR's creation is refused by the revoked node name: {stderr}",
+            node.name
+        );
+        assert!(self.new_csrs(&node.name).await.is_empty(), "no CSR filed");
     }
 
     /// A Machine of the Cluster as its owner creates it: owned (controller reference),
@@ -340,6 +389,7 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
     assert_eq!(life.claimed_node(doomed).await.as_deref(), Some(doomed));
     life.registered(&worker_a, doomed).await;
     life.renews(&worker_a, "while its Machine lives").await;
+    let worker_a_identity = worker_a.identity();
     begin_deletion(&life.w.admin, NS, doomed).await;
     life.refused(
         &worker_a,
@@ -353,16 +403,32 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
         Some(doomed),
         "the claim stays on the Machine until it goes"
     );
+    // A deletion does not revoke: the draining kubelet still writes.
+    tests::revocation::kubelet_writes(
+        &life
+            .w
+            .node_client("md-draining", &worker_a_identity.0, &worker_a_identity.1)
+            .await,
+        doomed,
+    )
+    .await
+    .expect("a node whose Machine is being deleted (draining) keeps writing");
     finish_deletion(&life.w.admin, &life.w.admin, NS, doomed).await;
     assert!(
         lifecycle::machine(&life.w.admin, NS, doomed).await.is_none(),
         "the Machine, and its claim, are gone"
     );
+    life.revoked(
+        &worker_a_identity,
+        doomed,
+        "once its Machine is gone (MachineDeployment scale-down)",
+    )
+    .await;
     assert!(
         tests::kubelet::node(&life.w.admin, doomed).await.is_none(),
         "reconcileDelete deleted the Node"
     );
-    life.refused(
+    life.refused_once_revoked(
         &worker_a,
         "MachineNotFound",
         "Machine was deleted",
@@ -385,6 +451,7 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
     life.join(&worker_b).await;
     life.registered(&worker_b, sick).await;
     life.renews(&worker_b, "while healthy").await;
+    let worker_b_identity = worker_b.identity();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(life.w.admin.clone());
     nodes
         .patch_status(
@@ -430,8 +497,10 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
     )
     .await;
     finish_deletion(&life.w.admin, &life.w.admin, NS, sick).await;
+    life.revoked(&worker_b_identity, sick, "once remediated (MachineHealthCheck)")
+        .await;
     // Refused at once, not held while the replacement has no provider ID yet.
-    life.refused(
+    life.refused_once_revoked(
         &worker_b,
         "MachineNotFound",
         "Machine was deleted",
@@ -472,19 +541,27 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
     }
     pool_instances(&life.w.admin, &life.w.admin, NS, POOL, &[&a, &b]).await;
     life.renews(&instance_b, "while listed").await;
+    let instance_b_identity = instance_b.identity();
     // The infrastructure provider scales down: instance b's provider ID leaves the list, and
     // reconcileNodeRefs' deleteRetiredNodes deletes its Node.
     let deleted = pool_instances(&life.w.admin, &life.w.admin, NS, POOL, &[&a]).await;
     assert_eq!(deleted, ["mp-0-b"], "deleteRetiredNodes");
-    let removed = life
-        .refused(
-            &instance_b,
-            "MachineNotFound",
-            "removed from MachinePool mp-0's spec.providerIDList",
-            "once its instance left the pool",
-        )
+    life.revoked(&instance_b_identity, "mp-0-b", "once its instance left the pool")
         .await;
-    assert!(removed.contains("\"mp-0-b\""), "{removed}");
+    if tests::envtest::kubernetes_minor() >= 32 {
+        let removed = life
+            .refused(
+                &instance_b,
+                "MachineNotFound",
+                "removed from MachinePool mp-0's spec.providerIDList",
+                "once its instance left the pool",
+            )
+            .await;
+        assert!(removed.contains("\"mp-0-b\""), "{removed}");
+    } else {
+        life.refused_once_revoked(&instance_b, "MachineNotFound", "", "once its instance left the pool")
+            .await;
+    }
     let claims = pool_claims(&life.w.admin, NS, POOL).await;
     assert!(
         claims.get(&b).is_some(),
@@ -520,6 +597,7 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
     life.registered(&cp_b, cp_new).await;
     life.renews(&cp_a, "during the surge").await;
     life.renews(&cp_b, "during the surge").await;
+    let cp_a_identity = cp_a.identity();
     begin_deletion(&life.w.admin, NS, cp_old).await;
     life.refused(
         &cp_a,
@@ -546,10 +624,16 @@ async fn machines_deleted_remediated_scaled_and_rolled_out_end_their_nodes_renew
         )],
     )
     .await;
+    // Drain and volume detach are over: the old control-plane node's identity goes now, while
+    // KCP's hook still holds the Machine; the new one's stays.
+    life.revoked(&cp_a_identity, cp_old, "at WaitingForPreTerminateHook (KCP rollout)")
+        .await;
+    life.renews(&cp_b, "while the old control-plane Machine waits on KCP's hook")
+        .await;
     lifecycle::remove_annotation(&life.w.admin, NS, cp_old, KCP_CLEANUP_HOOK).await;
     finish_deletion(&life.w.admin, &life.w.admin, NS, cp_old).await;
     assert!(tests::kubelet::node(&life.w.admin, cp_old).await.is_none());
-    life.refused(
+    life.refused_once_revoked(
         &cp_a,
         "MachineNotFound",
         "Machine was deleted",

@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 
 use attestation::names::SIGNER_INSECURE;
 use attestation::request::KeyAlgorithm;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::{Envtest, kubernetes_minor};
 use tests::live::{self, Final, Signer, Workload, file_csr, wait_final};
+use tests::revocation::{kubelet_writes, refused_within};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
@@ -50,60 +50,6 @@ async fn join(w: &Workload, client: &Client, csr: &str, node: &str, provider_id:
     match wait_final(&w.admin, csr, false, WAIT).await {
         Final::Issued(cert) => cert,
         other => panic!("{csr}: {other:?}"),
-    }
-}
-
-/// What a kubelet writes, as node `node`: its Lease, its Node (created when missing) and its
-/// Node's status. `Err` names the first write refused and why.
-async fn kubelet_writes(client: &Client, node: &str) -> Result<(), String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                       "metadata": {"name": node, "namespace": "kube-node-lease"},
-                       "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
-                                "renewTime": now().replace('Z', ".000000Z")}});
-    let apply = PatchParams::apply("kubelet").force();
-    leases
-        .patch(node, &apply, &Patch::Apply(&lease))
-        .await
-        .map_err(|e| format!("Lease: {e}"))?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    if nodes
-        .get_opt(node)
-        .await
-        .map_err(|e| format!("get Node: {e}"))?
-        .is_none()
-    {
-        let object: Node = serde_json::from_value(json!({"metadata": {"name": node}})).unwrap();
-        nodes
-            .create(&PostParams::default(), &object)
-            .await
-            .map_err(|e| format!("create Node: {e}"))?;
-    }
-    let status = json!({"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                                   "message": "kubelet is posting ready status",
-                                                   "lastHeartbeatTime": now()}]}});
-    nodes
-        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&status))
-        .await
-        .map_err(|e| format!("Node status: {e}"))?;
-    Ok(())
-}
-
-/// How long until `client`'s writes as `node` are refused (panics after `within`).
-async fn refused_within(client: &Client, node: &str, within: Duration, signer: &Signer) -> Duration {
-    let start = Instant::now();
-    loop {
-        match kubelet_writes(client, node).await {
-            Err(why) if why.contains("revoked by node-attestation-signer") => return start.elapsed(),
-            Err(why) => panic!("{node}: refused, but not by the revocation policy: {why}"),
-            Ok(()) => {}
-        }
-        assert!(
-            start.elapsed() < within,
-            "{node}'s writes still pass after {within:?}\n{}",
-            signer.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

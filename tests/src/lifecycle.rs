@@ -508,6 +508,22 @@ impl PluginNode {
         )
     }
 
+    /// The certificate (PEM) and key the node holds now (`kubelet-client-current.pem`): after a
+    /// join or a renewal, the one the signer issued.
+    pub fn identity(&self) -> (String, String) {
+        let text = std::fs::read_to_string(self.cert_dir().join("kubelet-client-current.pem"))
+            .expect("the current certificate");
+        let blocks = pem::parse_many(text.as_bytes()).expect("PEM");
+        let find = |tag: &str| {
+            blocks
+                .iter()
+                .find(|b| b.tag().contains(tag))
+                .map(pem::encode)
+                .unwrap_or_else(|| panic!("no {tag} in {}'s current certificate file", self.name))
+        };
+        (find("CERTIFICATE"), find("PRIVATE KEY"))
+    }
+
     /// Registers its Node as kubelet does, with its own identity, carrying its provider ID.
     pub fn register(&self) {
         let node = json!({"apiVersion": "v1", "kind": "Node",
