@@ -23,6 +23,7 @@ pub mod pkcs10;
 pub mod prometheus;
 pub mod proxy;
 pub mod real_ek;
+pub mod revocation;
 pub mod stats;
 pub mod strict_der;
 pub mod swtpm;
