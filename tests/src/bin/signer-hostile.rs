@@ -68,6 +68,12 @@ struct Args {
     /// `misnamed`: the sibling Cluster's joins in each phase (quiet, flood).
     #[arg(long, default_value_t = 20)]
     joins: usize,
+    /// `misnamed`: the flood's signer name (default: the signer's `insecure` one). Another
+    /// name (`example.com/other`) is a control run: the same CSRs, apiservers and harness, none
+    /// for the signer to decide, so what the sibling's joins lose then is the machine's, not the
+    /// signer's.
+    #[arg(long)]
+    flood_signer_name: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -302,6 +308,10 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
     let cpu_before = CpuTimes::take();
     let started = Instant::now();
     let total = args.rate * args.seconds;
+    let flood_signer: &'static str = match &args.flood_signer_name {
+        Some(name) => Box::leak(name.clone().into_boxed_str()),
+        None => attestation::names::SIGNER_INSECURE,
+    };
     // The sibling's joins, spread over the flood's window.
     let flood_joins = {
         let (sibling, admin) = (sibling.clone(), admin.clone());
@@ -326,7 +336,7 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
             file_csr(
                 &node,
                 &format!("misnamed-{i}"),
-                attestation::names::SIGNER_INSECURE,
+                flood_signer,
                 &request,
                 CLIENT_USAGES,
             )
