@@ -18,8 +18,9 @@ use hyper_util::rt::TokioExecutor;
 /// Longest answer read from Google, STS, ARM or a token endpoint.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
 
-/// An HTTPS client for the cloud endpoints (plain HTTP too, for a test or a local endpoint).
-pub type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// An HTTPS client for the cloud endpoints (plain HTTP too, for a test or a local endpoint),
+/// through the environment's egress proxy where it applies ([`super::proxy`]).
+pub type HttpClient = Client<hyper_rustls::HttpsConnector<super::proxy::ProxyConnector>, Full<Bytes>>;
 
 /// The client, trusting the public roots and the PEM certificates of `ca_bundle`.
 pub fn http_client(ca_bundle: Option<&Path>, timeout: Duration) -> Result<HttpClient> {
@@ -50,7 +51,19 @@ pub fn http_client(ca_bundle: Option<&Path>, timeout: Duration) -> Result<HttpCl
         .with_tls_config(tls)
         .https_or_http()
         .enable_http1()
-        .wrap_connector(http);
+        .wrap_connector({
+            let connector = super::proxy::ProxyConnector::from_env(http);
+            let probe: hyper::Uri = hyper::Uri::from_static("https://sts.amazonaws.com/");
+            if let Some(proxy) = connector.proxy_for(&probe) {
+                // Host and port only: a proxy URL may carry credentials.
+                tracing::info!(
+                    proxy_host = proxy.host().unwrap_or_default(),
+                    proxy_port = proxy.port_u16(),
+                    "cloud calls go through the egress proxy (HTTPS_PROXY; NO_PROXY exempts hosts)"
+                );
+            }
+            connector
+        });
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }
 

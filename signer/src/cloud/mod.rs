@@ -38,6 +38,7 @@ use http::{HttpClient, http_client, send};
 
 pub mod azure;
 pub mod http;
+pub mod proxy;
 
 /// Least time between two fetches of Google's keys after a success.
 const KEYS_MIN_INTERVAL: Duration = Duration::from_secs(60);
