@@ -29,8 +29,9 @@
 //! and removed again ([`Host::mount_point`]). The image, as the role leaves it: those folders,
 //! `/etc/kubernetes/pki`, the cert dir (0700), the plugin and the drop-in. The bootstrap
 //! provider's part: the template's `files` (provider ID, the `kubeletconfiguration` patch),
-//! written with their permissions and cloud-init's `ds.meta_data` filled in, and a v1beta4
-//! `JoinConfiguration` built from its `joinConfiguration` (`patches.directory`,
+//! written with their permissions and cloud-init's `ds.meta_data` filled in, and a
+//! `JoinConfiguration` (v1beta4; v1beta3 for a kubeadm before v1.31, as Cluster API renders it:
+//! [`tests::kubeadm_config`]) built from its `joinConfiguration` (`patches.directory`,
 //! `kubeletExtraArgs` `provider-id`), plus the discovery (token, endpoint, CA hash),
 //! `nodeRegistration.name`, `criSocket` (the suite's containerd) and the sandbox's own
 //! `kubeletExtraArgs` `node-ip` (the node address, [`tests::kubelet::NODE_IP`]).
@@ -77,20 +78,21 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use attestation::names::{SIGNER_INSECURE as CLIENT_SIGNER, SIGNER_KUBELET_SERVING as SERVING_SIGNER};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
 use serde_json::{Value, json};
-use tests::capi;
-use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, ROLE, SYSTEMD_PATH, Unit, VAR_LIB_KUBELET, ca_cert_hash, expand,
-    render, require, role_variables, wait_exit,
+    AUTO_APPROVE_BINDINGS, CONTROL_PLANE, ControlPlane, ETC_KUBERNETES, Kubeadm, KubeadmJoin, LEGACY_SIGNER,
+    NodeNamespace, apply_worker_machine, bootstrap_token, ec2_metadata, join_diagnostics, kubeadm_controller_manager,
+    kubelet_config_of, opted_in_cluster, render, require, role_unit, role_variables, wait_cluster_info_signed,
+    wait_registered,
 };
 use tests::kubelet::{
     Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, der, node, now, ready_past, secs, validity,
     wait_current, wait_renewed_and_ready,
 };
-use tests::live::{self, Signer, Workload, apply};
+use tests::live::{self, Signer};
 use tests::strict_der::assert_strict_der_pem;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
@@ -104,39 +106,12 @@ const PROVIDER_ID: &str = "aws:///us-east-1a/i-0kubeadm";
 /// The join token (`init.yaml`'s `bootstrapTokens`, the Machine's KubeadmConfig's).
 const JOIN_TOKEN_ID: &str = "kadmjn";
 const JOIN_TOKEN: &str = "kadmjn.0123456789abcdef";
-/// The control-plane Node `kubeadm init` registered.
-const CONTROL_PLANE: &str = "cp-0";
-const CLIENT_SIGNER: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
-const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 const CRI_SOCKET_ANNOTATION: &str = "kubeadm.alpha.kubernetes.io/cri-socket";
-const AUTO_APPROVE_BINDINGS: [&str; 2] = [
-    "kubeadm:node-autoapprove-bootstrap",
-    "kubeadm:node-autoapprove-certificate-rotation",
-];
 /// The signer's `--client-cert-duration` for the first certificate (see envtest_kubelet).
 const SHORT: &str = "3m";
 /// The signer's `--client-cert-duration` once the first certificate is issued.
 const LONG: &str = "1h";
 const TEMPLATE: &str = "images/kubeadm/kubeadm-config-template.yaml";
-/// The preflight checks skipped, and why (see the module documentation).
-const IGNORED_PREFLIGHT_ERRORS: [(&str, &str); 6] = [
-    (
-        "FileExisting-iptables",
-        "no iptables on a sandbox host; no iptables chains here",
-    ),
-    (
-        "FileContent--proc-sys-net-ipv4-ip_forward",
-        "pod networking; no pod runs",
-    ),
-    (
-        "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
-        "pod networking; no pod runs",
-    ),
-    ("Swap", "the host's swap (failSwapOn: false)"),
-    ("SystemVerification", "the host's kernel and cgroups"),
-    ("Port-10250", "kubelet listens on a free port of its own"),
-];
 /// The checks the shipped configuration must pass as they are.
 const NEVER_IGNORED: [&str; 2] = [
     "FileAvailable--etc-kubernetes-kubelet.conf",
@@ -152,9 +127,13 @@ async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
     let assets = require("envtest_kubeadm");
     let began = Instant::now();
     let mut host = Host::claim();
+    let kubeadm = Kubeadm::new(&assets);
     for name in NEVER_IGNORED {
         assert!(
-            IGNORED_PREFLIGHT_ERRORS.iter().all(|(ignored, _)| *ignored != name),
+            kubeadm
+                .ignored_preflight_errors()
+                .iter()
+                .all(|(ignored, _)| *ignored != name),
             "{name} is never skipped"
         );
     }
@@ -162,32 +141,11 @@ async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
     // The workload cluster (also its own management cluster): an opted-in Cluster allowing
     // insecure, worker-0's Machine with the provider ID the template gives it, its addresses
     // (the serving CSR's SANs) and its KubeadmConfig naming the join token.
-    let env = Envtest::start("envtest_kubeadm");
+    let (w, admin) = opted_in_cluster("envtest_kubeadm", &host, "insecure").await;
     let recorder = host.recorder();
-    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
-    recorder.folder(env.dir());
-    recorder.folder(env.client_ca.cert_path.parent().unwrap());
-    env.install_capi_crds();
-    let admin = live::client(&env.admin_kubeconfig).await;
-    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
-    apply(
-        &admin,
-        &w.own(capi::kubeadm_config(&format!("{NODE}-kc"), JOIN_TOKEN_ID, "v1beta2")),
-    )
-    .await;
-    let mut machine = w.own(capi::machine(NODE, Some(PROVIDER_ID)));
-    machine["status"]["addresses"] = json!([
-        {"type": "InternalIP", "address": NODE_IP.to_string()},
-        {"type": "Hostname", "address": NODE}
-    ]);
-    apply(&admin, &machine).await;
+    apply_worker_machine(&admin, &w, NODE, JOIN_TOKEN_ID, PROVIDER_ID).await;
     let csrs = CsrRecorder::start(w.admin.clone()).await;
-    let mut kcm = ControllerManager::start_with_controllers(
-        &assets,
-        &w.env,
-        &host,
-        &["csrsigning", "csrapproving", "bootstrapsigner"],
-    );
+    let mut kcm = kubeadm_controller_manager(&assets, &w.env, &host, &[]);
     let containerd = Containerd::start(&host);
     // Its ports and folders (pod logs, volume plugins, log) go into the cluster's kubelet config.
     let mut kubelet = Kubelet::new(&assets, &host, &containerd, NODE, PROVIDER_ID);
@@ -195,118 +153,25 @@ async fn an_unmodified_kubeadm_join_finishes_with_the_plugins_identity() {
     // The node's namespace, with the image as the role leaves it.
     let role = role_variables(&[("kubelet_authenticator_attestor", "insecure")]);
     let install_path = role["kubelet_authenticator_install_path"].clone();
-    let ns = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), NODE);
-    for dir in [ETC_KUBERNETES.to_owned(), format!("{ETC_KUBERNETES}/pki")] {
-        std::fs::create_dir_all(ns.path(&dir)).unwrap();
-    }
+    let ns = NodeNamespace::start_baked(&mut host, &recorder, &role, Path::new(PLUGIN), NODE);
     let cert_dir = ns.path(&role["kubelet_authenticator_cert_dir"]);
-    std::fs::create_dir_all(&cert_dir).unwrap();
-    std::fs::set_permissions(&cert_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let role_dropin_template = std::fs::read_to_string(
-        tests::repo_root()
-            .join(ROLE)
-            .join("templates/20-kubelet-authenticator.conf.j2"),
-    )
-    .unwrap();
-    let role_dropin = render(&role_dropin_template, |name| role.get(name).cloned());
-    let unit = Unit::read(&[KUBEADM_DROPIN, &role_dropin]);
+    let unit = role_unit(&role);
     assert_eq!(unit.exec_start_pre.len(), 1, "{unit:?}");
 
     // What `kubeadm init` leaves behind, by kubeadm's own phases.
-    let kubeadm = assets.join("kubeadm");
-    let kubeadm_env = vec![
-        ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
-        ("HOME".to_owned(), "/root".to_owned()),
-    ];
-    let version = w.admin.apiserver_version().await.unwrap().git_version;
-    let endpoint = w.env.server.trim_start_matches("https://").to_owned();
-    let (_, port) = endpoint.rsplit_once(':').unwrap();
-    let init = format!(
-        r"apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-bootstrapTokens:
-- token: {JOIN_TOKEN}
-  description: worker-0's join token
-  ttl: 1h
-localAPIEndpoint:
-  # The control plane's own address (unused by a join, which finds the apiserver in
-  # cluster-info); kubeadm refuses loopback here.
-  advertiseAddress: 192.0.2.10
-  bindPort: {port}
-nodeRegistration:
-  name: {CONTROL_PLANE}
-  criSocket: {cri}
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: {version}
-clusterName: {cluster}
-controlPlaneEndpoint: {endpoint}
-networking:
-  serviceSubnet: 10.0.0.0/24
----
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-{sandbox}",
-        cri = containerd.endpoint(),
-        cluster = capi::CLUSTER,
-        sandbox = tests::kubelet::sandbox_config(
-            &containerd.endpoint(),
-            kubelet.port,
-            kubelet.healthz_port,
-            kubelet.dir()
-        ),
-    );
-    // kubeadm leaves an empty list out of the kubelet config it uploads and writes, and kubelet
-    // then defaults to enforcing `pods`, which `cgroupsPerQOS: false` refuses: `none` says the
-    // same.
-    let empty = "\nenforceNodeAllocatable: []\n";
-    assert!(init.contains(empty), "{init}");
-    let init = init.replace(empty, "\nenforceNodeAllocatable: [none]\n");
-    let init_path = ns.dir.path().join("init.yaml");
-    std::fs::write(&init_path, &init).unwrap();
-    apply(
-        &w.admin,
-        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": CONTROL_PLANE, "labels": {
-            "kubernetes.io/hostname": CONTROL_PLANE, "node-role.kubernetes.io/control-plane": ""}}}),
-    )
-    .await;
-    let mut init_output = String::new();
-    for phase in [
-        ["upload-config", "kubeadm"].as_slice(),
-        &["upload-config", "kubelet"],
-        &["bootstrap-token"],
-    ] {
-        let mut args: Vec<String> = ["init", "phase"].iter().map(ToString::to_string).collect();
-        args.extend(phase.iter().map(ToString::to_string));
-        args.extend([
-            "--config".to_owned(),
-            init_path.display().to_string(),
-            "--kubeconfig".to_owned(),
-            w.env.admin_kubeconfig.display().to_string(),
-        ]);
-        let out = ns.command(&kubeadm_env, &kubeadm, &args).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "kubeadm {}: {text}", args.join(" "));
-        init_output.push_str(&text);
-    }
+    let control_plane = ControlPlane::of(&w).await;
+    let tokens = vec![bootstrap_token(JOIN_TOKEN, Some("worker-0's join token"))];
+    let init_output = kubeadm
+        .init_cluster(
+            &ns,
+            &w,
+            &control_plane.init_documents(&containerd.endpoint(), tokens, None),
+            &kubelet_config_of(&containerd, &kubelet),
+        )
+        .await;
     // kube-controller-manager's bootstrapsigner signs cluster-info for the join token.
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(w.admin.clone(), "kube-public");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let info = configmaps.get_opt("cluster-info").await.unwrap();
-        let data = info.and_then(|c| c.data).unwrap_or_default();
-        if data.contains_key(&format!("jws-kubeconfig-{JOIN_TOKEN_ID}")) {
-            assert!(data["kubeconfig"].contains(&w.env.server), "{data:?}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let data = wait_cluster_info_signed(&w.admin, &[JOIN_TOKEN_ID], Duration::from_secs(60), &kcm).await;
+    assert!(data["kubeconfig"].contains(&w.env.server), "{data:?}");
 
     // The signer removes kubeadm's bootstrap binding: from now on only it hands out identities.
     // cp-0, kubeadm init's node here, belongs to no Machine of the Cluster: it is reported outside
@@ -337,11 +202,7 @@ kind: KubeletConfiguration
     // cloud-init's instance metadata.
     let template: Value =
         serde_yaml::from_str(&std::fs::read_to_string(tests::repo_root().join(TEMPLATE)).unwrap()).unwrap();
-    let metadata = |name: &str| match name {
-        "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
-        "ds.meta_data.instance_id" => Some(INSTANCE_ID.to_owned()),
-        _ => None,
-    };
+    let metadata = ec2_metadata(AVAILABILITY_ZONE, INSTANCE_ID);
     let spec = &template["spec"]["template"]["spec"];
     ns.write_files(&spec["files"], metadata);
     assert_eq!(
@@ -349,50 +210,16 @@ kind: KubeletConfiguration
         Some(PROVIDER_ID),
         "the template's provider ID file, where the drop-in reads it"
     );
-    let mut join: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata)).unwrap();
+    let bootstrap: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata)).unwrap();
     assert!(
-        join["nodeRegistration"].get("ignorePreflightErrors").is_none(),
+        bootstrap["nodeRegistration"].get("ignorePreflightErrors").is_none(),
         "the template skips no preflight check"
     );
-    join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
-    join["kind"] = json!("JoinConfiguration");
-    join["discovery"] = json!({"bootstrapToken": {
-        "apiServerEndpoint": endpoint, "token": JOIN_TOKEN, "caCertHashes": [ca_cert_hash(&w.env.client_ca.cert_pem)]}});
-    join["nodeRegistration"]["name"] = json!(NODE);
-    join["nodeRegistration"]["criSocket"] = json!(containerd.endpoint());
-    join["nodeRegistration"]["kubeletExtraArgs"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
-    let join_path = ns.dir.path().join("join.yaml");
-    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
+    let join = control_plane.join_configuration(&bootstrap, JOIN_TOKEN, Some(NODE), &containerd.endpoint(), false);
     let setup = began.elapsed();
 
     // kubeadm join, unmodified, in the node's namespace.
-    let join_log = ns.dir.path().join("kubeadm-join.log");
-    let ignored: Vec<&str> = IGNORED_PREFLIGHT_ERRORS.iter().map(|(name, _)| *name).collect();
-    let join_args = vec![
-        "join".to_owned(),
-        "--config".to_owned(),
-        join_path.display().to_string(),
-        format!("--ignore-preflight-errors={}", ignored.join(",")),
-    ];
-    let log = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&join_log)
-            .unwrap()
-    };
-    let join_started = Instant::now();
-    let mut kubeadm_join = ns
-        .command(&kubeadm_env, &kubeadm, &join_args)
-        .stdout(log())
-        .stderr(log())
-        .spawn()
-        .unwrap();
-    recorder.process(&kubeadm_join);
-    let joined = || std::fs::read_to_string(&join_log).unwrap_or_default();
+    let mut kubeadm_join = kubeadm.join(&ns, &recorder, &join, &[kubeadm.ignore_preflight_errors()]);
 
     // Where kubeadm asks systemd to (re)start kubelet: the unit's ExecStartPre, then kubelet.
     let bootstrap_file = format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf");
@@ -402,43 +229,19 @@ kind: KubeletConfiguration
         format!("{ETC_KUBERNETES}/kubelet.conf"),
         "the file kubeadm waits for"
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !(joined().contains("[kubelet-start] Starting the kubelet")
-        && ns.path(&bootstrap_file).exists()
-        && ns.path(&format!("{VAR_LIB_KUBELET}/config.yaml")).exists())
-    {
-        let exited = kubeadm_join.try_wait().unwrap();
-        assert!(
-            exited.is_none() && Instant::now() < deadline,
-            "kubeadm join did not come to starting kubelet ({exited:?}):\n{}",
-            joined()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let asked_at = join_started.elapsed();
+    kubeadm_join
+        .wait_for_kubelet_start(&ns, Duration::from_secs(120), "kubeadm join")
+        .await;
+    let asked_at = kubeadm_join.started.elapsed();
     assert!(
         !ns.path(&kubelet_conf).exists(),
         "kubelet.conf exists before the unit starts"
     );
-    let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
-        .chain(unit.environment(|path| ns.read(path)))
-        .collect();
-    let pre = expand(&unit.exec_start_pre[0], &service_env);
+    let service = ns.kubelet_service(&unit);
     let pre_started = Instant::now();
-    let out = ns
-        .command(&service_env, Path::new(&pre[0]), &pre[1..])
-        .output()
-        .unwrap();
+    ns.run_exec_start_pre(&service);
     let pre_took = pre_started.elapsed();
-    assert!(
-        out.status.success(),
-        "ExecStartPre {pre:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exec_start = expand(unit.exec_start.as_deref().unwrap(), &service_env);
-    assert_eq!(exec_start[0], "/usr/bin/kubelet", "{exec_start:?}");
-    let kubelet_args = exec_start[1..].to_vec();
+    let kubelet_args = service.kubelet_args().to_vec();
     for (wanted, why) in [
         (format!("--kubeconfig={kubelet_conf}"), "the drop-in's kubeconfig"),
         ("--rotate-certificates=false".to_owned(), "rotation off"),
@@ -458,18 +261,12 @@ kind: KubeletConfiguration
         "kubelet gets no bootstrap kubeconfig: {kubelet_args:?}"
     );
     let kubelet_started = Instant::now();
-    let launcher_args = ns.args(&service_env, &assets.join("kubelet"), &kubelet_args);
-    kubelet.start_command(&ns.nsenter, launcher_args);
+    ns.start_kubelet(&service, &mut kubelet, &assets);
 
-    let diagnostics = |kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager| {
-        let signer_log = signer.log();
-        let signer_tail: Vec<&str> = signer_log.lines().rev().take(30).collect();
+    let diagnostics = |join: &KubeadmJoin, kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager| {
         format!(
-            "--- kubeadm join:\n{}\n--- kubelet:\n{}\n--- signer:\n{}\n--- kube-controller-manager:\n{}\n--- containerd:\n{}",
-            joined(),
-            kubelet.log(),
-            signer_tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-            kcm.log(),
+            "{}\n--- containerd:\n{}",
+            join_diagnostics(join, kubelet, signer, 30, kcm),
             containerd.log()
         )
     };
@@ -484,7 +281,7 @@ kind: KubeletConfiguration
             Instant::now() < deadline && kubelet.alive(),
             "no client certificate issued: {:?}\n{}",
             csrs.all(),
-            diagnostics(&kubelet, &signer, &kcm)
+            diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -513,30 +310,20 @@ kind: KubeletConfiguration
     );
 
     // The Node, registered by kubelet as system:node:worker-0 (kubeadm waits for it too).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let registered_after = loop {
-        if node(&w.admin, NODE).await.is_some() {
-            break kubelet_started.elapsed();
-        }
-        assert!(
-            Instant::now() < deadline && kubelet.alive(),
-            "the Node was not registered\n{}",
-            diagnostics(&kubelet, &signer, &kcm)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    wait_registered(&w.admin, NODE, &mut kubelet, Duration::from_secs(120), |kubelet| {
+        diagnostics(&kubeadm_join, kubelet, &signer, &kcm)
+    })
+    .await;
+    let registered_after = kubelet_started.elapsed();
 
     // kubeadm join finishes.
-    let Some(status) = wait_exit(&mut kubeadm_join, Duration::from_secs(300)).await else {
-        panic!("kubeadm join did not finish\n{}", diagnostics(&kubelet, &signer, &kcm));
-    };
-    let join_took = join_started.elapsed();
-    let join_output = joined();
-    assert!(
-        status.success() && join_output.contains("This node has joined the cluster"),
-        "kubeadm join: {status}\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
-    );
+    kubeadm_join
+        .wait_joined("kubeadm join", Duration::from_secs(300), |join| {
+            diagnostics(join, &kubelet, &signer, &kcm)
+        })
+        .await;
+    let join_took = kubeadm_join.started.elapsed();
+    let join_output = kubeadm_join.output();
     for name in NEVER_IGNORED {
         assert!(!join_output.contains(name), "{name} fired:\n{join_output}");
     }
@@ -582,7 +369,7 @@ kind: KubeletConfiguration
     assert!(
         wait_renewed_and_ready(&w.admin, NODE, 0, Duration::from_secs(120)).await,
         "the Node is not Ready\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
+        diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
     );
     let ready_after = kubelet_started.elapsed();
 
@@ -623,7 +410,7 @@ kind: KubeletConfiguration
         panic!(
             "no serving certificate: {:?}\n{}",
             csrs.of(SERVING_SIGNER),
-            diagnostics(&kubelet, &signer, &kcm)
+            diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
         );
     };
     assert_eq!(serving.username, USER, "kubelet files as the node");
@@ -641,7 +428,7 @@ kind: KubeletConfiguration
             Err(why) => assert!(
                 Instant::now() < deadline,
                 "kubelet does not serve a certificate of the cluster CA for {NODE} and {NODE_IP}: {why}\n{}",
-                diagnostics(&kubelet, &signer, &kcm)
+                diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
             ),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -658,7 +445,7 @@ kind: KubeletConfiguration
         panic!(
             "no renewal before the first certificate expired: {:?}\n{}",
             csrs.of(CLIENT_SIGNER),
-            diagnostics(&kubelet, &signer, &kcm)
+            diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
         );
     };
     assert!(
@@ -686,7 +473,7 @@ kind: KubeletConfiguration
     assert!(
         ready_past(&w.admin, NODE, first_not_after, Duration::from_secs(60)).await,
         "no Lease renewal after the first certificate expired\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
+        diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
     );
     assert!(kubelet.alive(), "{}", kubelet.log());
     let past_expiry = first_at.elapsed();

@@ -70,19 +70,17 @@ use tests::azure::{ArmStandIn, AzurePki, ImdsStandIn, SUBSCRIPTION};
 use tests::capi;
 use tests::cloud::{AwsIdentityCa, GceInstance, GceMetadataStandIn, GoogleSigner, ImdsV2StandIn, JwksServer};
 use tests::cloud_init;
-use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, KUBELET_DROPINS, NodeNamespace, SYSTEMD_PATH, VAR_LIB_KUBELET, ca_cert_hash, expand, require,
-    role_variables, wait_exit,
+    AUTO_APPROVE_BINDINGS, CONTROL_PLANE, CONTROL_PLANE_JOIN_SKIPPED_PHASES, ControlPlane, ETC_KUBERNETES,
+    KUBELET_DROPINS, Kubeadm, KubeadmJoin, LEGACY_SIGNER, NodeNamespace, bind_kubeadm_cluster_admins, bootstrap_token,
+    cluster_kubelet_config, join_diagnostics, kubeadm_controller_manager, opted_in_cluster, require, role_variables,
+    skip_control_plane_join_phases, wait_cluster_info_signed,
 };
 use tests::kubelet::{Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, node, secs, validity};
 use tests::live::{self, Signer, Workload, apply};
 use tests::moto::{ACCOUNT, Moto, Session};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
-const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-/// The control-plane Node `kubeadm init` registered (for `upload-config kubelet`).
-const CONTROL_PLANE: &str = "cp-0";
 /// Every join token's secret (`<id>.<secret>`).
 const TOKEN_SECRET: &str = "0123456789abcdef";
 /// The EC2 region and zone of the AWS instances.
@@ -91,36 +89,6 @@ const AWS_ZONE: &str = "us-west-2a";
 /// clusterctl's `${GCP_PROJECT}` and the GCE instance's project.
 const GCP_PROJECT: &str = "team-a-prod";
 const GCP_ZONE: &str = "europe-west1-b";
-/// The preflight checks skipped on a worker join, as in `envtest_kubeadm` (environment
-/// checks of this sandbox host, not of the node's configuration).
-const IGNORED_PREFLIGHT_ERRORS: [&str; 6] = [
-    "FileExisting-iptables",
-    "FileContent--proc-sys-net-ipv4-ip_forward",
-    "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
-    "Swap",
-    "SystemVerification",
-    "Port-10250",
-];
-/// The phases a control-plane join skips, and why (as in `envtest_kubeadm_init`).
-const CONTROL_PLANE_SKIPPED_PHASES: [(&str, &str); 5] = [
-    (
-        "preflight",
-        "checks the host for a control plane (ports, manifests) and the shared certificates the skipped certs phase would use",
-    ),
-    (
-        "control-plane-prepare/download-certs",
-        "no --certificate-key: Cluster API hands the CA to the Machine itself",
-    ),
-    (
-        "control-plane-prepare/certs",
-        "the control plane's serving and client certificates, for static pods that do not run here",
-    ),
-    (
-        "control-plane-prepare/control-plane",
-        "static pod manifests whose images this machine cannot pull",
-    ),
-    ("wait-control-plane", "waits for those static pods through kubelet"),
-];
 const WAIT: Duration = Duration::from_secs(180);
 
 fn signer_bin() -> PathBuf {
@@ -231,9 +199,8 @@ struct Cluster<'a> {
     containerd: &'a Containerd,
     signer: &'a Signer,
     kcm: &'a ControllerManager,
-    endpoint: String,
-    port: u16,
-    kubeadm_env: Vec<(String, String)>,
+    control_plane: ControlPlane,
+    kubeadm: Kubeadm,
 }
 
 /// Joins `spec`'s node with its flavour, the cloud's metadata service seen through `data`
@@ -253,9 +220,7 @@ async fn join(
 
     // The image: the role's drop-in for the cloud's attestor, the cert dir, /etc/kubernetes/pki.
     let role = role_variables(&[("kubelet_authenticator_attestor", flavour.attestor())]);
-    let install_path = role["kubelet_authenticator_install_path"].clone();
-    let ns = NodeNamespace::start(host, &recorder, &install_path, Path::new(PLUGIN), &hostname);
-    ns.bake_image(&role);
+    let ns = NodeNamespace::start_baked(host, &recorder, &role, Path::new(PLUGIN), &hostname);
     ns.install_role_dropin(&role);
     // The suite's addition: the stand-ins' loopback addresses for the plugin.
     let endpoints: String = metadata_env
@@ -269,16 +234,7 @@ async fn join(
     .unwrap();
     if flavour.control_plane() {
         // The control plane's CA, as Cluster API hands it to a joining control-plane Machine.
-        std::fs::write(
-            ns.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
-            &c.w.env.client_ca.cert_pem,
-        )
-        .unwrap();
-        std::fs::write(
-            ns.path(&format!("{ETC_KUBERNETES}/pki/ca.key")),
-            &c.w.env.client_ca.key_pem,
-        )
-        .unwrap();
+        ns.install_cluster_ca(&c.w.env.client_ca);
     }
 
     // Cluster API's part, rendered by cloud-init: the flavour's files and join configuration.
@@ -295,127 +251,67 @@ async fn join(
     };
     let files = rendered("files");
     ns.write_files_as(&files, ToOwned::to_owned);
-    let mut join = rendered("joinConfiguration");
-    let name = join["nodeRegistration"]["name"].as_str().unwrap().to_owned();
+    let bootstrap = rendered("joinConfiguration");
+    let name = bootstrap["nodeRegistration"]["name"].as_str().unwrap().to_owned();
     assert_eq!(
         name, spec.provider_name,
         "{file}: the node name is the provider's for the instance"
     );
-    join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
-    join["kind"] = json!("JoinConfiguration");
-    join["discovery"] = json!({"bootstrapToken": {
-        "apiServerEndpoint": c.endpoint, "token": format!("{}.{TOKEN_SECRET}", spec.token_id),
-        "caCertHashes": [ca_cert_hash(&c.w.env.client_ca.cert_pem)]}});
-    join["nodeRegistration"]["criSocket"] = json!(c.containerd.endpoint());
-    join["nodeRegistration"]["kubeletExtraArgs"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
-    let skips = if flavour.control_plane() {
-        join["controlPlane"] = json!({"localAPIEndpoint": {"advertiseAddress": "192.0.2.11", "bindPort": c.port}});
-        let skipped: Vec<&str> = CONTROL_PLANE_SKIPPED_PHASES.iter().map(|(p, _)| *p).collect();
-        format!("--skip-phases={}", skipped.join(","))
+    let join = c.control_plane.join_configuration(
+        &bootstrap,
+        &format!("{}.{TOKEN_SECRET}", spec.token_id),
+        None,
+        &c.containerd.endpoint(),
+        flavour.control_plane(),
+    );
+    let flags = if flavour.control_plane() {
+        skip_control_plane_join_phases()
     } else {
-        format!("--ignore-preflight-errors={}", IGNORED_PREFLIGHT_ERRORS.join(","))
+        c.kubeadm.ignore_preflight_errors()
     };
-    let join_path = ns.dir.path().join("join.yaml");
-    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
-    let args = vec![
-        "join".to_owned(),
-        "--config".to_owned(),
-        join_path.display().to_string(),
-        skips,
-    ];
 
     // kubeadm join, unmodified, in the node's namespace.
-    let log_path = ns.dir.path().join("kubeadm-join.log");
-    let log = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .unwrap()
-    };
-    let joined = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let started = Instant::now();
-    let mut kubeadm_join = ns
-        .command(&c.kubeadm_env, &c.assets.join("kubeadm"), &args)
-        .stdout(log())
-        .stderr(log())
-        .spawn()
-        .unwrap();
-    recorder.process(&kubeadm_join);
+    let mut kubeadm_join = c.kubeadm.join(&ns, &recorder, &join, &[flags]);
     let bootstrap_file = format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf");
-    let deadline = Instant::now() + WAIT;
-    while !(joined().contains("[kubelet-start] Starting the kubelet")
-        && ns.path(&bootstrap_file).exists()
-        && ns.path(&format!("{VAR_LIB_KUBELET}/config.yaml")).exists())
-    {
-        let exited = kubeadm_join.try_wait().unwrap();
-        assert!(
-            exited.is_none() && Instant::now() < deadline,
-            "{file}: kubeadm join did not come to starting kubelet ({exited:?}):\n{}",
-            joined()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    kubeadm_join
+        .wait_for_kubelet_start(&ns, WAIT, &format!("{file}: kubeadm join"))
+        .await;
 
     // systemd's part, after kubeadm's daemon-reload: the unit's drop-ins as they are now, its
     // ExecStartPre, then kubelet.
     let unit = ns.unit();
     assert_eq!(unit.exec_start_pre.len(), 1, "{unit:?}");
-    let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
-        .chain(unit.environment(|path| ns.read(path)))
-        .collect();
+    let service = ns.kubelet_service(&unit);
     assert!(
-        service_env
+        service
+            .environment
             .iter()
             .any(|(k, v)| k == "KUBELET_AUTHENTICATOR_NODE_NAME" && *v == name),
-        "{file}: kubelet's unit tells the plugin {name}: {service_env:?}"
+        "{file}: kubelet's unit tells the plugin {name}: {:?}",
+        service.environment
     );
-    let pre = expand(&unit.exec_start_pre[0], &service_env);
-    let out = ns
-        .command(&service_env, Path::new(&pre[0]), &pre[1..])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{file}: ExecStartPre {pre:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exec_start = expand(unit.exec_start.as_deref().unwrap(), &service_env);
+    ns.run_exec_start_pre(&service);
     // kubelet registers --hostname-override, which kubeadm passes when the name is not the
     // hostname, or the hostname.
-    let kubelet_name = exec_start
+    let kubelet_name = service
+        .exec_start
         .iter()
         .find_map(|a| a.strip_prefix("--hostname-override="))
         .unwrap_or(&hostname);
-    assert_eq!(kubelet_name, name, "{file}: kubelet's node name: {exec_start:?}");
+    assert_eq!(
+        kubelet_name, name,
+        "{file}: kubelet's node name: {:?}",
+        service.exec_start
+    );
     let mut kubelet = Kubelet::new(c.assets, host, c.containerd, &name, &spec.provider_id);
-    kubelet.start_command(
-        &ns.nsenter,
-        ns.args(&service_env, &c.assets.join("kubelet"), &exec_start[1..]),
-    );
-    let diagnostics = |kubelet: &Kubelet| {
-        let signer_log = c.signer.log();
-        let tail: Vec<&str> = signer_log.lines().rev().take(40).collect();
-        format!(
-            "--- kubeadm join:\n{}\n--- kubelet:\n{}\n--- signer:\n{}\n--- kube-controller-manager:\n{}",
-            joined(),
-            kubelet.log(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
-            c.kcm.log()
-        )
-    };
-    let Some(status) = wait_exit(&mut kubeadm_join, WAIT).await else {
-        panic!("{file}: kubeadm join did not finish\n{}", diagnostics(&kubelet));
-    };
-    let took = started.elapsed();
-    assert!(
-        status.success() && joined().contains("This node has joined the cluster"),
-        "{file}: kubeadm join: {status}\n{}",
-        diagnostics(&kubelet)
-    );
+    ns.start_kubelet(&service, &mut kubelet, c.assets);
+    let diagnostics = |join: &KubeadmJoin, kubelet: &Kubelet| join_diagnostics(join, kubelet, c.signer, 40, c.kcm);
+    kubeadm_join
+        .wait_joined(&format!("{file}: kubeadm join"), WAIT, |join| {
+            diagnostics(join, &kubelet)
+        })
+        .await;
+    let took = kubeadm_join.started.elapsed();
     let calls = ns.systemctl_calls();
     let reload = calls.iter().position(|call| call == "daemon-reload");
     let start = calls
@@ -429,7 +325,7 @@ async fn join(
     // The Node kubelet registered, the CSR the plugin filed, the claim: one name.
     let registered = node(&c.w.admin, &name)
         .await
-        .unwrap_or_else(|| panic!("{file}: no Node {name}\n{}", diagnostics(&kubelet)));
+        .unwrap_or_else(|| panic!("{file}: no Node {name}\n{}", diagnostics(&kubeadm_join, &kubelet)));
     if flavour.attestor() != "azure" {
         assert_eq!(
             registered.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
@@ -542,14 +438,8 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
     );
     let began = Instant::now();
     let mut host = Host::claim();
-    let env = Envtest::start("envtest_kubeadm_clouds");
+    let (w, admin) = opted_in_cluster("envtest_kubeadm_clouds", &host, "aws,gcp,azure").await;
     let recorder = host.recorder();
-    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
-    recorder.folder(env.dir());
-    recorder.folder(env.client_ca.cert_path.parent().unwrap());
-    env.install_capi_crds();
-    let admin = live::client(&env.admin_kubeconfig).await;
-    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "aws,gcp,azure").await;
 
     // The instances, their Machines as the providers write them (names, provider IDs,
     // addresses) and the KubeadmConfigs naming each one's join token.
@@ -662,12 +552,7 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
     std::fs::write(&azure_ca, azure_pki.bundle_pem()).unwrap();
 
     let csrs = CsrRecorder::start(w.admin.clone()).await;
-    let kcm = ControllerManager::start_with_controllers(
-        &assets,
-        &w.env,
-        &host,
-        &["csrsigning", "csrapproving", "bootstrapsigner"],
-    );
+    let kcm = kubeadm_controller_manager(&assets, &w.env, &host, &[]);
     let containerd = Containerd::start(&host);
     let signer = Signer::start_with_env(
         &signer_bin(),
@@ -696,112 +581,43 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
     // What `kubeadm init` leaves behind, by kubeadm's own phases (in a namespace of their own):
     // the cluster's kubeadm and kubelet configuration (one kubelet configuration for every
     // node: the nodes run one at a time on its ports), a join token per Machine, cluster-info.
-    let kubeadm = assets.join("kubeadm");
-    let kubeadm_env = vec![
-        ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
-        ("HOME".to_owned(), "/root".to_owned()),
-    ];
-    let version = w.admin.apiserver_version().await.unwrap().git_version;
-    let endpoint = w.env.server.trim_start_matches("https://").to_owned();
-    let port: u16 = endpoint.rsplit_once(':').unwrap().1.parse().unwrap();
+    let kubeadm = Kubeadm::new(&assets);
+    let control_plane = ControlPlane::of(&w).await;
     let kubelet_dir = tempfile::tempdir().unwrap();
     recorder.folder(kubelet_dir.path());
-    let sandbox = tests::kubelet::sandbox_config(
-        &containerd.endpoint(),
-        tests::envtest::free_port(),
-        tests::envtest::free_port(),
-        kubelet_dir.path(),
-    )
-    .replace("\nenforceNodeAllocatable: []\n", "\nenforceNodeAllocatable: [none]\n");
     let tokens: Vec<Value> = nodes
         .iter()
-        .map(|n| json!({"token": format!("{}.{TOKEN_SECRET}", n.token_id), "ttl": "1h"}))
+        .map(|n| bootstrap_token(&format!("{}.{TOKEN_SECRET}", n.token_id), None))
         .collect();
-    let init = json!({"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "InitConfiguration",
-        "bootstrapTokens": tokens,
-        "localAPIEndpoint": {"advertiseAddress": "192.0.2.10", "bindPort": port},
-        "nodeRegistration": {"name": CONTROL_PLANE, "criSocket": containerd.endpoint()}});
-    let cluster = json!({"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
-        "kubernetesVersion": version, "clusterName": capi::CLUSTER, "controlPlaneEndpoint": endpoint,
-        "networking": {"serviceSubnet": "10.0.0.0/24"},
-        "etcd": {"external": {"endpoints": [w.env.etcd_url()]}}});
-    let init_path = dir.path().join("init.yaml");
-    std::fs::write(
-        &init_path,
-        format!(
-            "{}---\n{}---\napiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{sandbox}",
-            serde_yaml::to_string(&init).unwrap(),
-            serde_yaml::to_string(&cluster).unwrap()
-        ),
-    )
-    .unwrap();
-    apply(
-        &w.admin,
-        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": CONTROL_PLANE, "labels": {
-            "kubernetes.io/hostname": CONTROL_PLANE, "node-role.kubernetes.io/control-plane": ""}}}),
-    )
-    .await;
     let install_path = role_variables(&[])["kubelet_authenticator_install_path"].clone();
     let init_ns = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), CONTROL_PLANE);
-    for phase in [
-        ["upload-config", "kubeadm"].as_slice(),
-        &["upload-config", "kubelet"],
-        &["bootstrap-token"],
-    ] {
-        let mut args: Vec<String> = ["init", "phase"].iter().map(ToString::to_string).collect();
-        args.extend(phase.iter().map(ToString::to_string));
-        args.extend([
-            "--config".to_owned(),
-            init_path.display().to_string(),
-            "--kubeconfig".to_owned(),
-            w.env.admin_kubeconfig.display().to_string(),
-        ]);
-        let out = init_ns.command(&kubeadm_env, &kubeadm, &args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubeadm {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    kubeadm
+        .init_cluster(
+            &init_ns,
+            &w,
+            &control_plane.init_documents(&containerd.endpoint(), tokens, Some(w.env.etcd_url())),
+            &cluster_kubelet_config(
+                &containerd.endpoint(),
+                tests::envtest::free_port(),
+                tests::envtest::free_port(),
+                kubelet_dir.path(),
+            ),
+        )
+        .await;
     drop(init_ns);
     // What kubeadm init binds for the admin.conf it writes (a joining control plane writes its
     // own, and marks its Node with it).
-    apply(
-        &w.admin,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:cluster-admins"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "kubeadm:cluster-admins"}]}),
-    )
-    .await;
+    bind_kubeadm_cluster_admins(&w.admin).await;
     // bootstrapsigner signs cluster-info for every join token; the signer has taken kubeadm's
     // bootstrap binding away.
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(w.admin.clone(), "kube-public");
+    let token_ids: Vec<&str> = nodes.iter().map(|n| n.token_id).collect();
+    wait_cluster_info_signed(&w.admin, &token_ids, WAIT, &kcm).await;
     let bindings: Api<ClusterRoleBinding> = Api::all(w.admin.clone());
     let deadline = Instant::now() + WAIT;
-    loop {
-        let data = configmaps
-            .get_opt("cluster-info")
-            .await
-            .unwrap()
-            .and_then(|c| c.data)
-            .unwrap_or_default();
-        let signed = nodes
-            .iter()
-            .all(|n| data.contains_key(&format!("jws-kubeconfig-{}", n.token_id)));
-        let taken = bindings
-            .get_opt("kubeadm:node-autoapprove-bootstrap")
-            .await
-            .unwrap()
-            .is_none();
-        if signed && taken {
-            break;
-        }
+    while bindings.get_opt(AUTO_APPROVE_BINDINGS[0]).await.unwrap().is_some() {
         assert!(
             Instant::now() < deadline,
-            "cluster-info signed for every token: {signed}, bootstrap binding gone: {taken}\n{}\n{}",
-            kcm.log(),
+            "the bootstrap binding is still there\n{}",
             signer.log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -816,9 +632,8 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
         containerd: &containerd,
         signer: &signer,
         kcm: &kcm,
-        endpoint,
-        port,
-        kubeadm_env,
+        control_plane,
+        kubeadm,
     };
     let mut results = Vec::new();
     for spec in &nodes {
@@ -889,7 +704,7 @@ async fn every_cloud_flavour_joins_under_its_providers_node_name_and_the_plugin_
         csrs.of(LEGACY_SIGNER)
     );
 
-    for (phase, why) in CONTROL_PLANE_SKIPPED_PHASES {
+    for (phase, why) in CONTROL_PLANE_JOIN_SKIPPED_PHASES {
         eprintln!("kubeadm join --control-plane skipped {phase}: {why}");
     }
     eprintln!(

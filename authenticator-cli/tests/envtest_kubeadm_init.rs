@@ -3,7 +3,10 @@
 //! configuration (`images/kubeadm/kubeadm-control-plane.yaml`) on an image as the
 //! `kubelet_authenticator` role leaves it, comes under attestation (SPEC rule 7 and
 //! section 6): kubeadm issues kubelet's certificate from the cluster CA
-//! (`ClusterConfiguration.certificateValidityPeriod: 4m`), the drop-in's `kubeconfig --adopt`
+//! (`ClusterConfiguration.certificateValidityPeriod: 4m`; kubeadm before v1.31 reads only
+//! `kubeadm.k8s.io/v1beta3`, which has no such field: there kubeadm's `kubeconfig user
+//! --validity-period 4m` writes the same kubelet.conf in place of the `kubeconfig kubelet`
+//! phase), the drop-in's `kubeconfig --adopt`
 //! hands kubelet's identity to the plugin at once, the plugin's first request made with kubeadm's
 //! certificate is an adoption the signer approves for the Machine whose registered Node carries
 //! its provider ID, and the node renews through the signer past the expiry of kubeadm's
@@ -23,8 +26,8 @@
 //!
 //! Then a second control-plane node (`cp-1`) runs an unmodified `kubeadm join --control-plane`
 //! with the shipped joinConfiguration, its control-plane phases skipped
-//! ([`JOIN_SKIPPED_PHASES`]; etcd is external, so `check-etcd` and `etcd-join` have nothing to
-//! do), and joins with the plugin's identity: one CSR with its Machine's join token, the Machine
+//! ([`CONTROL_PLANE_JOIN_SKIPPED_PHASES`]; etcd is external, so `check-etcd` and `etcd-join`
+//! have nothing to do), and joins with the plugin's identity: one CSR with its Machine's join token, the Machine
 //! claimed, the bootstrap kubeconfig deleted, the Node Ready and marked control-plane. Neither
 //! node ever files a `kubernetes.io/kube-apiserver-client-kubelet` CSR.
 
@@ -33,17 +36,19 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use attestation::names::SIGNER_INSECURE as CLIENT_SIGNER;
 use serde_json::{Value, json};
 use tests::capi;
-use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, NodeNamespace, SYSTEMD_PATH, ca_cert_hash, expand, render, require, role_unit, role_variables,
+    CONTROL_PLANE_JOIN_SKIPPED_PHASES, ControlPlane, ETC_KUBERNETES, Kubeadm, LEGACY_SIGNER, NodeNamespace, Unit,
+    add_node_ip, bind_kubeadm_cluster_admins, bootstrap_token, control_plane_machine, ec2_metadata,
+    kubeadm_controller_manager, kubelet_config_of, opted_in_cluster, render, require, role_unit, role_variables,
+    skip_control_plane_join_phases, wait_cluster_info_signed, wait_registered,
 };
 use tests::kubelet::{
-    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, node, ready_past, secs, validity,
-    wait_renewed_and_ready,
+    Containerd, CsrRecorder, Host, Kubelet, node, now, ready_past, secs, validity, wait_renewed_and_ready,
 };
-use tests::live::{self, Signer, Workload, apply};
+use tests::live::{self, Signer, apply};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
 const NODE: &str = "cp-0";
@@ -53,8 +58,6 @@ const MACHINE: &str = "prod-cp-x7k2p";
 const AVAILABILITY_ZONE: &str = "us-east-1a";
 const INSTANCE_ID: &str = "i-0kubeadminit";
 const PROVIDER_ID: &str = "aws:///us-east-1a/i-0kubeadminit";
-const CLIENT_SIGNER: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
-const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const CONTROL_PLANE_CONFIG: &str = "images/kubeadm/kubeadm-control-plane.yaml";
 /// kubeadm's certificates live this long here.
 const KUBEADM_VALIDITY: &str = "4m";
@@ -115,27 +118,6 @@ const SECOND_PROVIDER_ID: &str = "aws:///us-east-1a/i-0kubeadmjoincp";
 const JOIN_TOKEN_ID: &str = "kadmin";
 const JOIN_TOKEN: &str = "kadmin.0123456789abcdef";
 
-/// The phases of `kubeadm join --control-plane` skipped, and why.
-const JOIN_SKIPPED_PHASES: [(&str, &str); 5] = [
-    (
-        "preflight",
-        "checks the host for a control plane (ports, manifests) and the shared certificates the skipped certs phase would use",
-    ),
-    (
-        "control-plane-prepare/download-certs",
-        "no --certificate-key: Cluster API hands the CA to the Machine itself",
-    ),
-    (
-        "control-plane-prepare/certs",
-        "the control plane's serving and client certificates, for static pods that do not run here",
-    ),
-    (
-        "control-plane-prepare/control-plane",
-        "static pod manifests whose images this machine cannot pull",
-    ),
-    ("wait-control-plane", "waits for those static pods through kubelet"),
-];
-
 fn signer_bin() -> PathBuf {
     live::sibling_binary(PLUGIN, "node-attestation-signer")
 }
@@ -146,25 +128,12 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     let assets = require("envtest_kubeadm_init");
     let began = Instant::now();
     let mut host = Host::claim();
-    let env = Envtest::start("envtest_kubeadm_init");
+    let (w, admin) = opted_in_cluster("envtest_kubeadm_init", &host, "insecure").await;
     let recorder = host.recorder();
-    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
-    recorder.folder(env.dir());
-    recorder.folder(env.client_ca.cert_path.parent().unwrap());
-    env.install_capi_crds();
-    let admin = live::client(&env.admin_kubeconfig).await;
-    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
 
     // The KubeadmControlPlane's first Machine: its provider ID, no nodeRef (no Machine
     // controller runs here: the registered Node carrying the provider ID names the node).
-    let mut machine = w.own(capi::machine(MACHINE, Some(PROVIDER_ID)));
-    machine["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
-    machine["spec"]["bootstrap"]["configRef"]["name"] = json!(MACHINE);
-    machine["status"]["addresses"] = json!([
-        {"type": "InternalIP", "address": NODE_IP.to_string()},
-        {"type": "Hostname", "address": NODE}
-    ]);
-    apply(&admin, &machine).await;
+    apply(&admin, &control_plane_machine(&w, MACHINE, NODE, PROVIDER_ID)).await;
     // Its KubeadmConfig: the KubeadmControlPlane's kubeadmConfigSpec, as the control plane
     // controller copies it.
     let shipped: Value =
@@ -175,12 +144,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     apply(&admin, &init_config).await;
     let csrs = CsrRecorder::start(w.admin.clone()).await;
     // bootstrapsigner signs cluster-info for the join token (the second node's discovery).
-    let kcm = ControllerManager::start_with_controllers(
-        &assets,
-        &w.env,
-        &host,
-        &["csrsigning", "csrapproving", "bootstrapsigner"],
-    );
+    let kcm = kubeadm_controller_manager(&assets, &w.env, &host, &[]);
     let containerd = Containerd::start(&host);
     let mut kubelet = Kubelet::new(&assets, &host, &containerd, NODE, PROVIDER_ID);
     let signer = Signer::start(
@@ -194,19 +158,8 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     // The node's namespace, with the image as the role leaves it and the cluster CA where
     // kubeadm init finds it (it signs kubelet's certificate with it).
     let role = role_variables(&[("kubelet_authenticator_attestor", "insecure")]);
-    let install_path = role["kubelet_authenticator_install_path"].clone();
-    let ns = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), NODE);
-    ns.bake_image(&role);
-    std::fs::write(
-        ns.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
-        &w.env.client_ca.cert_pem,
-    )
-    .unwrap();
-    std::fs::write(
-        ns.path(&format!("{ETC_KUBERNETES}/pki/ca.key")),
-        &w.env.client_ca.key_pem,
-    )
-    .unwrap();
+    let ns = NodeNamespace::start_baked(&mut host, &recorder, &role, Path::new(PLUGIN), NODE);
+    ns.install_cluster_ca(&w.env.client_ca);
     // What the skipped `kubeconfig admin` phase would write: the suite's admin credential.
     std::fs::copy(
         &w.env.admin_kubeconfig,
@@ -217,96 +170,79 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
 
     // The bootstrap provider's part: the shipped kubeadmConfigSpec's files and init
     // configuration, with cloud-init's instance metadata.
-    let metadata = |name: &str| match name {
-        "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
-        "ds.meta_data.instance_id" => Some(INSTANCE_ID.to_owned()),
-        _ => None,
-    };
+    let metadata = ec2_metadata(AVAILABILITY_ZONE, INSTANCE_ID);
     ns.write_files(&spec["files"], metadata);
-    let mut init: Value = serde_json::from_str(&render(&spec["initConfiguration"].to_string(), metadata)).unwrap();
-    init["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
-    init["kind"] = json!("InitConfiguration");
-    let endpoint = w.env.server.trim_start_matches("https://").to_owned();
-    let (_, port) = endpoint.rsplit_once(':').unwrap();
-    // The control plane's own address (kubeadm refuses loopback; the node reaches the
-    // apiserver through controlPlaneEndpoint).
-    init["localAPIEndpoint"] = json!({"advertiseAddress": "192.0.2.10", "bindPort": port.parse::<u16>().unwrap()});
-    init["bootstrapTokens"] = json!([{"token": JOIN_TOKEN, "ttl": "1h"}]);
-    init["nodeRegistration"]["name"] = json!(NODE);
-    init["nodeRegistration"]["criSocket"] = json!(containerd.endpoint());
-    init["nodeRegistration"]["kubeletExtraArgs"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
-    let version = w.admin.apiserver_version().await.unwrap().git_version;
-    let cluster = json!({"apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "ClusterConfiguration",
-        "kubernetesVersion": version, "clusterName": capi::CLUSTER, "controlPlaneEndpoint": endpoint,
-        "certificateValidityPeriod": KUBEADM_VALIDITY, "networking": {"serviceSubnet": "10.0.0.0/24"},
-        "etcd": {"external": {"endpoints": [w.env.etcd_url()]}}});
-    let sandbox = tests::kubelet::sandbox_config(
+    let bootstrap: Value = serde_json::from_str(&render(&spec["initConfiguration"].to_string(), metadata)).unwrap();
+    let kubeadm = Kubeadm::new(&assets);
+    let control_plane = ControlPlane::of(&w).await;
+    let mut init = control_plane.init_configuration(
+        &bootstrap,
+        NODE,
         &containerd.endpoint(),
-        kubelet.port,
-        kubelet.healthz_port,
-        kubelet.dir(),
-    )
-    .replace("\nenforceNodeAllocatable: []\n", "\nenforceNodeAllocatable: [none]\n");
-    let init_text = format!(
-        "{}---\n{}---\napiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n{sandbox}",
-        serde_yaml::to_string(&init).unwrap(),
-        serde_yaml::to_string(&cluster).unwrap()
+        vec![bootstrap_token(JOIN_TOKEN, None)],
     );
+    add_node_ip(&mut init);
+    let mut cluster = control_plane.cluster_configuration(Some(w.env.etcd_url()));
+    // kubeadm's certificates are short (v1beta4; before kubeadm v1.31, see step 1).
+    let validity_period = kubeadm.config_version.has_certificate_validity_period();
+    if validity_period {
+        cluster["certificateValidityPeriod"] = json!(KUBEADM_VALIDITY);
+    }
     let init_path = ns.dir.path().join("init.yaml");
-    std::fs::write(&init_path, &init_text).unwrap();
-    let kubeadm = assets.join("kubeadm");
-    let kubeadm_env = vec![
-        ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
-        ("HOME".to_owned(), "/root".to_owned()),
-    ];
+    kubeadm.write_config(
+        &init_path,
+        &[init, cluster],
+        Some(&kubelet_config_of(&containerd, &kubelet)),
+    );
+    // The others read /etc/kubernetes/admin.conf: the suite's admin credential there.
     let phase = |name: &[&str]| {
-        let mut args: Vec<String> = ["init", "phase"].iter().map(ToString::to_string).collect();
-        args.extend(name.iter().map(ToString::to_string));
-        args.extend(["--config".to_owned(), init_path.display().to_string()]);
-        // The others read /etc/kubernetes/admin.conf: the suite's admin credential there.
-        if matches!(name[0], "upload-config" | "bootstrap-token") {
-            args.extend(["--kubeconfig".to_owned(), w.env.admin_kubeconfig.display().to_string()]);
-        }
-        let out = ns.command(&kubeadm_env, &kubeadm, &args).output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "kubeadm {}: {text}", args.join(" "));
-        text
+        let kubeconfig =
+            matches!(name[0], "upload-config" | "bootstrap-token").then_some(w.env.admin_kubeconfig.as_path());
+        kubeadm.init_phase(&ns, &init_path, name, kubeconfig)
     };
     // systemd's part: the unit's ExecStartPre, then kubelet, as systemd would.
     let kubelet_conf = role["kubelet_authenticator_kubeconfig"].clone();
-    let start_unit = |ns: &NodeNamespace, kubelet: &mut Kubelet| {
-        let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
-            .chain(unit.environment(|path| ns.read(path)))
-            .collect();
-        let pre = expand(&unit.exec_start_pre[0], &service_env);
-        let out = ns
-            .command(&service_env, Path::new(&pre[0]), &pre[1..])
-            .output()
-            .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "ExecStartPre {pre:?}: {said}");
-        let exec_start = expand(unit.exec_start.as_deref().unwrap(), &service_env);
-        kubelet.start_command(
-            &ns.nsenter,
-            ns.args(&service_env, &assets.join("kubelet"), &exec_start[1..]),
-        );
+    let start_unit = |ns: &NodeNamespace, unit: &Unit, kubelet: &mut Kubelet| {
+        let service = ns.kubelet_service(unit);
+        let said = ns.run_exec_start_pre(&service);
+        ns.start_kubelet(&service, kubelet, &assets);
         said
     };
     let setup = began.elapsed();
 
     // 1. kubeconfig kubelet: kubeadm's own kubelet.conf, a certificate from the cluster CA.
-    let mut said = phase(PHASES[0]);
+    //    Before kubeadm v1.31 (v1beta3) ClusterConfiguration cannot shorten it (kubeadm signs
+    //    for a year): kubeadm's `kubeconfig user` signs the same kubelet.conf (the node's user
+    //    and group, the cluster CA, controlPlaneEndpoint) for KUBEADM_VALIDITY instead.
+    let mut said = if validity_period {
+        phase(PHASES[0])
+    } else {
+        let out = kubeadm.output(
+            &ns,
+            &[
+                "kubeconfig",
+                "user",
+                "--config",
+                &init_path.display().to_string(),
+                "--client-name",
+                USER,
+                "--org",
+                "system:nodes",
+                "--validity-period",
+                KUBEADM_VALIDITY,
+            ]
+            .map(ToOwned::to_owned),
+        );
+        let conf = ns.path(&kubelet_conf);
+        std::fs::write(&conf, &out.stdout).unwrap();
+        std::fs::set_permissions(&conf, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        eprintln!(
+            "kubeadm {}: no certificateValidityPeriod in {}: kubelet.conf from kubeadm kubeconfig user --validity-period {KUBEADM_VALIDITY}",
+            tests::kubeadm_config::kubeadm_version(&assets),
+            kubeadm.config_version.api_version()
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     let kubeadm_conf: Value = serde_yaml::from_str(&ns.read(&kubelet_conf).unwrap()).unwrap();
     let embedded = kubeadm_conf["users"][0]["user"]["client-certificate-data"]
         .as_str()
@@ -317,10 +253,18 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     };
     let (kubeadm_not_before, kubeadm_not_after, subject) = validity(&kubeadm_pem);
     assert!(subject.contains(USER), "{subject}");
-    assert!(
-        kubeadm_not_after - kubeadm_not_before <= 4 * 60 + 60,
-        "certificateValidityPeriod shortens kubeadm's certificate"
-    );
+    if validity_period {
+        assert!(
+            kubeadm_not_after - kubeadm_not_before <= 4 * 60 + 60,
+            "certificateValidityPeriod shortens kubeadm's certificate"
+        );
+    } else {
+        // kubeadm before v1.31 backdates to the CA's NotBefore: the validity runs from now.
+        assert!(
+            kubeadm_not_after - now() <= 4 * 60 + 60,
+            "kubeconfig user --validity-period shortens kubeadm's certificate"
+        );
+    }
 
     // 2. kubelet-start: kubeadm asks systemd to start kubelet; the unit adopts kubeadm's
     //    kubelet.conf and runs kubelet with the plugin.
@@ -330,7 +274,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "kubeadm asked systemd for kubelet: {:?}",
         ns.systemctl_calls()
     );
-    let adopted_said = start_unit(&ns, &mut kubelet);
+    let adopted_said = start_unit(&ns, &unit, &mut kubelet);
     assert!(adopted_said.contains("adopted"), "{adopted_said}");
     assert!(
         ns.read(&format!("{kubelet_conf}.pre-adoption")).is_some(),
@@ -345,16 +289,10 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
             kcm.log()
         )
     };
-    let deadline = Instant::now() + WAIT;
-    while node(&w.admin, NODE).await.is_none() {
-        assert!(
-            Instant::now() < deadline && kubelet.alive(),
-            "cp-0 was not registered\n{}",
-            diagnostics(&kubelet, &said)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let registered = node(&w.admin, NODE).await.unwrap();
+    let registered = wait_registered(&w.admin, NODE, &mut kubelet, WAIT, |kubelet| {
+        diagnostics(kubelet, &said)
+    })
+    .await;
     assert_eq!(
         registered.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
         Some(PROVIDER_ID)
@@ -407,7 +345,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
         "kubelet-finalize ran: {finalized}"
     );
     kubelet.stop();
-    let rendered_said = start_unit(&ns, &mut kubelet);
+    let rendered_said = start_unit(&ns, &unit, &mut kubelet);
     let conf = ns.read(&kubelet_conf).unwrap();
     assert!(
         conf.contains("exec:") && !conf.contains("client-certificate"),
@@ -436,17 +374,15 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     );
 
     // 5. A second control-plane node: an unmodified `kubeadm join --control-plane` with the
-    //    shipped joinConfiguration, its static-pod and etcd phases skipped (JOIN_SKIPPED_PHASES),
+    //    shipped joinConfiguration, its static-pod and etcd phases skipped
+    //    (CONTROL_PLANE_JOIN_SKIPPED_PHASES),
     //    gets its identity exactly as a worker: the plugin, the Machine's join token, one CSR.
     let join_started = Instant::now();
-    let mut second = w.own(capi::machine(SECOND_MACHINE, Some(SECOND_PROVIDER_ID)));
-    second["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
-    second["spec"]["bootstrap"]["configRef"]["name"] = json!(SECOND_MACHINE);
-    second["status"]["addresses"] = json!([
-        {"type": "InternalIP", "address": NODE_IP.to_string()},
-        {"type": "Hostname", "address": SECOND_NODE}
-    ]);
-    apply(&admin, &second).await;
+    apply(
+        &admin,
+        &control_plane_machine(&w, SECOND_MACHINE, SECOND_NODE, SECOND_PROVIDER_ID),
+    )
+    .await;
     let mut second_config = w.own(capi::kubeadm_config(SECOND_MACHINE, JOIN_TOKEN_ID, "v1beta2"));
     let discovery = second_config["spec"]["joinConfiguration"]["discovery"].clone();
     second_config["spec"] = spec.clone();
@@ -454,104 +390,22 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     apply(&admin, &second_config).await;
     // What kubeadm init creates for the admin.conf it writes (group kubeadm:cluster-admins):
     // the join's own admin.conf (control-plane-prepare/kubeconfig) needs it.
-    apply(
-        &w.admin,
-        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:cluster-admins"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "kubeadm:cluster-admins"}]}),
-    )
-    .await;
-    let configmaps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-        kube::Api::namespaced(w.admin.clone(), "kube-public");
-    let deadline = Instant::now() + WAIT;
-    while !configmaps
-        .get_opt("cluster-info")
-        .await
-        .unwrap()
-        .and_then(|c| c.data)
-        .is_some_and(|d| d.contains_key(&format!("jws-kubeconfig-{JOIN_TOKEN_ID}")))
-    {
-        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    bind_kubeadm_cluster_admins(&w.admin).await;
+    wait_cluster_info_signed(&w.admin, &[JOIN_TOKEN_ID], WAIT, &kcm).await;
     let containerd2 = Containerd::start(&host);
     let mut kubelet2 = Kubelet::new(&assets, &host, &containerd2, SECOND_NODE, SECOND_PROVIDER_ID);
-    let ns2 = NodeNamespace::start(&mut host, &recorder, &install_path, Path::new(PLUGIN), SECOND_NODE);
+    let ns2 = NodeNamespace::start_baked(&mut host, &recorder, &role, Path::new(PLUGIN), SECOND_NODE);
     // The control plane's CA, as Cluster API hands it to a joining control-plane Machine.
-    ns2.bake_image(&role);
-    std::fs::write(
-        ns2.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")),
-        &w.env.client_ca.cert_pem,
-    )
-    .unwrap();
-    std::fs::write(
-        ns2.path(&format!("{ETC_KUBERNETES}/pki/ca.key")),
-        &w.env.client_ca.key_pem,
-    )
-    .unwrap();
-    let metadata2 = |name: &str| match name {
-        "ds.meta_data.placement.availability_zone" => Some(AVAILABILITY_ZONE.to_owned()),
-        "ds.meta_data.instance_id" => Some(SECOND_INSTANCE_ID.to_owned()),
-        _ => None,
-    };
+    ns2.install_cluster_ca(&w.env.client_ca);
+    let metadata2 = ec2_metadata(AVAILABILITY_ZONE, SECOND_INSTANCE_ID);
     ns2.write_files(&spec["files"], metadata2);
-    let mut join: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata2)).unwrap();
-    join["apiVersion"] = json!("kubeadm.k8s.io/v1beta4");
-    join["kind"] = json!("JoinConfiguration");
-    join["discovery"] = json!({"bootstrapToken": {
-        "apiServerEndpoint": endpoint, "token": JOIN_TOKEN, "caCertHashes": [ca_cert_hash(&w.env.client_ca.cert_pem)]}});
-    join["controlPlane"] =
-        json!({"localAPIEndpoint": {"advertiseAddress": "192.0.2.11", "bindPort": port.parse::<u16>().unwrap()}});
-    join["nodeRegistration"]["name"] = json!(SECOND_NODE);
-    join["nodeRegistration"]["criSocket"] = json!(containerd2.endpoint());
-    join["nodeRegistration"]["kubeletExtraArgs"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
-    // The cluster's kubelet config (upload-config kubelet) names cp-0's ports: cp-1's own.
-    let join_path = ns2.dir.path().join("join.yaml");
-    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
-    let skipped: Vec<&str> = JOIN_SKIPPED_PHASES.iter().map(|(p, _)| *p).collect();
-    let join_log = ns2.dir.path().join("kubeadm-join.log");
-    let log = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&join_log)
-            .unwrap()
-    };
-    let mut kubeadm_join = ns2
-        .command(
-            &kubeadm_env,
-            &kubeadm,
-            &[
-                "join".to_owned(),
-                "--config".to_owned(),
-                join_path.display().to_string(),
-                format!("--skip-phases={}", skipped.join(",")),
-            ],
-        )
-        .stdout(log())
-        .stderr(log())
-        .spawn()
-        .unwrap();
-    recorder.process(&kubeadm_join);
-    let joined = || std::fs::read_to_string(&join_log).unwrap_or_default();
-    let deadline = Instant::now() + WAIT;
-    while !(joined().contains("[kubelet-start] Starting the kubelet")
-        && ns2.path(&format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf")).exists()
-        && ns2
-            .path(&format!("{}/config.yaml", tests::kubeadm_node::VAR_LIB_KUBELET))
-            .exists())
-    {
-        let exited = kubeadm_join.try_wait().unwrap();
-        assert!(
-            exited.is_none() && Instant::now() < deadline,
-            "kubeadm join --control-plane did not come to starting kubelet ({exited:?}):\n{}",
-            joined()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let bootstrap: Value = serde_json::from_str(&render(&spec["joinConfiguration"].to_string(), metadata2)).unwrap();
+    let join =
+        control_plane.join_configuration(&bootstrap, JOIN_TOKEN, Some(SECOND_NODE), &containerd2.endpoint(), true);
+    let mut kubeadm_join = kubeadm.join(&ns2, &recorder, &join, &[skip_control_plane_join_phases()]);
+    kubeadm_join
+        .wait_for_kubelet_start(&ns2, WAIT, "kubeadm join --control-plane")
+        .await;
     // kubelet's ports: the cluster's kubelet config is cp-0's; this kubelet gets its own.
     let config2 = ns2.path(&format!("{}/config.yaml", tests::kubeadm_node::VAR_LIB_KUBELET));
     let text = std::fs::read_to_string(&config2).unwrap();
@@ -567,16 +421,17 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
             &kubelet2.dir().display().to_string(),
         );
     std::fs::write(&config2, text).unwrap();
-    let pre_said = start_unit(&ns2, &mut kubelet2);
-    let status = tests::kubeadm_node::wait_exit(&mut kubeadm_join, WAIT).await;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "kubeadm join --control-plane ({status:?}):\n{}\n{pre_said}\n--- kubelet:\n{}\n--- signer:\n{}",
-        joined(),
-        kubelet2.log(),
-        signer.log()
-    );
-    assert!(joined().contains("This node has joined the cluster"), "{}", joined());
+    let pre_said = start_unit(&ns2, &unit, &mut kubelet2);
+    kubeadm_join
+        .wait_joined("kubeadm join --control-plane", WAIT, |join| {
+            format!(
+                "{}\n{pre_said}\n--- kubelet:\n{}\n--- signer:\n{}",
+                join.output(),
+                kubelet2.log(),
+                signer.log()
+            )
+        })
+        .await;
     let second_csrs: Vec<_> = csrs
         .of(CLIENT_SIGNER)
         .into_iter()
@@ -644,7 +499,7 @@ async fn kubeadm_inits_first_control_plane_node_is_adopted_and_renews_past_kubea
     for (phase, why) in SKIPPED_PHASES {
         eprintln!("skipped {phase}: {why}");
     }
-    for (phase, why) in JOIN_SKIPPED_PHASES {
+    for (phase, why) in CONTROL_PLANE_JOIN_SKIPPED_PHASES {
         eprintln!("kubeadm join --control-plane skipped {phase}: {why}");
     }
     eprintln!(

@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use attestation::names::SIGNER_INSECURE as CLIENT_SIGNER;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
@@ -45,15 +46,15 @@ use serde_json::{Value, json};
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::kubeadm_node::{
-    ETC_KUBERNETES, KUBEADM_DROPIN, NodeNamespace, SYSTEMD_PATH, Unit, VAR_LIB_KUBELET, ca_cert_hash, expand, require,
-    role_variables, wait_exit,
+    AUTO_APPROVE_BINDINGS, ControlPlane, ETC_KUBERNETES, KUBEADM_DROPIN, Kubeadm, KubeadmJoin, LEGACY_SIGNER,
+    NodeNamespace, Unit, VAR_LIB_KUBELET, apply_worker_machine, bootstrap_token, join_diagnostics,
+    kubeadm_controller_manager, kubelet_config_of, opted_in_cluster, require, role_variables, wait_cluster_info_signed,
 };
 use tests::kubelet::{
-    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, node, now_micros, secs, validity,
-    wait_renewed_and_ready,
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, node, now_micros, secs, validity, wait_renewed_and_ready,
 };
 use tests::lifecycle::{PluginNode, machine_claim, set_node_ref};
-use tests::live::{self, Final, Signer, Workload, apply, metric, state_of};
+use tests::live::{self, Final, Signer, apply, metric, state_of};
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_kubelet-authenticator");
 /// The node with the stock kubeadm configuration.
@@ -68,14 +69,6 @@ const PLUGIN_TOKEN_ID: &str = "plgtok";
 /// The join token (`init.yaml`'s `bootstrapTokens`: kubeadm's group).
 const JOIN_TOKEN_ID: &str = "kadmjn";
 const JOIN_TOKEN: &str = "kadmjn.0123456789abcdef";
-/// The control-plane Node `kubeadm init` registered.
-const CONTROL_PLANE: &str = "cp-0";
-const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
-const CLIENT_SIGNER: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-insecure";
-const BINDINGS: [&str; 2] = [
-    "kubeadm:node-autoapprove-bootstrap",
-    "kubeadm:node-autoapprove-certificate-rotation",
-];
 const KEEP: &str = "cluster.x-k8s.io/kubelet-legacy-autoapprove";
 const JOIN_TOKENS: &str = "cluster.x-k8s.io/kubelet-join-tokens";
 const OPT_IN: &str = "cluster.x-k8s.io/kubelet-authentication";
@@ -86,15 +79,6 @@ const RESYNC: Duration = Duration::from_secs(1);
 /// issuance) make the stock kubelet rotate several times within the suite.
 const SIGNING_DURATION: &str = "100s";
 const WAIT: Duration = Duration::from_secs(120);
-/// The environment preflight checks skipped (see `envtest_kubeadm`).
-const IGNORED_PREFLIGHT_ERRORS: [&str; 6] = [
-    "FileExisting-iptables",
-    "FileContent--proc-sys-net-ipv4-ip_forward",
-    "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
-    "Swap",
-    "SystemVerification",
-    "Port-10250",
-];
 /// What `config/workload/workload-cluster.yaml` puts in every workload cluster: (API version,
 /// kind, namespace, name).
 const SIGNER_WORKLOAD_OBJECTS: [(&str, &str, Option<&str>, &str); 6] = [
@@ -142,7 +126,7 @@ fn signer_bin() -> PathBuf {
 
 async fn present(bindings: &Api<ClusterRoleBinding>) -> Vec<&'static str> {
     let mut there = Vec::new();
-    for name in BINDINGS {
+    for name in AUTO_APPROVE_BINDINGS {
         if bindings.get_opt(name).await.unwrap().is_some() {
             there.push(name);
         }
@@ -191,25 +175,9 @@ async fn the_documented_opt_out_hands_every_node_back_to_kubeadm_and_leaves_noth
     // The workload cluster (its own management cluster): an opted-in Cluster allowing insecure,
     // the stock node's Machine (its address the node address, its KubeadmConfig naming the
     // join token) and the plugin node's Machine (the fixture token).
-    let env = Envtest::start("envtest_opt_out");
+    let (w, admin) = opted_in_cluster("envtest_opt_out", &host, "insecure").await;
     let recorder = host.recorder();
-    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
-    recorder.folder(env.dir());
-    recorder.folder(env.client_ca.cert_path.parent().unwrap());
-    env.install_capi_crds();
-    let admin = live::client(&env.admin_kubeconfig).await;
-    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, "insecure").await;
-    apply(
-        &admin,
-        &w.own(capi::kubeadm_config(&format!("{NODE}-kc"), JOIN_TOKEN_ID, "v1beta2")),
-    )
-    .await;
-    let mut machine = w.own(capi::machine(NODE, Some(PROVIDER_ID)));
-    machine["status"]["addresses"] = json!([
-        {"type": "InternalIP", "address": NODE_IP.to_string()},
-        {"type": "Hostname", "address": NODE}
-    ]);
-    apply(&admin, &machine).await;
+    apply_worker_machine(&admin, &w, NODE, JOIN_TOKEN_ID, PROVIDER_ID).await;
     apply(
         &admin,
         &w.own(capi::kubeadm_config(
@@ -232,11 +200,10 @@ async fn the_documented_opt_out_hands_every_node_back_to_kubeadm_and_leaves_noth
     )
     .await;
     let csrs = CsrRecorder::start(w.admin.clone()).await;
-    let kcm = ControllerManager::start_with_args(
+    let kcm = kubeadm_controller_manager(
         &assets,
         &w.env,
         &host,
-        &["csrsigning", "csrapproving", "bootstrapsigner"],
         &[&format!("--cluster-signing-duration={SIGNING_DURATION}")],
     );
     let containerd = Containerd::start(&host);
@@ -258,96 +225,24 @@ async fn the_documented_opt_out_hands_every_node_back_to_kubeadm_and_leaves_noth
     assert!(unit.exec_start_pre.is_empty(), "kubeadm's unit alone: {unit:?}");
 
     // What `kubeadm init` leaves behind, by kubeadm's own phases.
-    let kubeadm = assets.join("kubeadm");
-    let kubeadm_env = vec![
-        ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
-        ("HOME".to_owned(), "/root".to_owned()),
-    ];
-    let version = w.admin.apiserver_version().await.unwrap().git_version;
-    let endpoint = w.env.server.trim_start_matches("https://").to_owned();
-    let (_, port) = endpoint.rsplit_once(':').unwrap();
-    let init = format!(
-        r"apiVersion: kubeadm.k8s.io/v1beta4
-kind: InitConfiguration
-bootstrapTokens:
-- token: {JOIN_TOKEN}
-  description: the stock node's join token
-  ttl: 1h
-localAPIEndpoint:
-  advertiseAddress: 192.0.2.10
-  bindPort: {port}
-nodeRegistration:
-  name: {CONTROL_PLANE}
-  criSocket: {cri}
----
-apiVersion: kubeadm.k8s.io/v1beta4
-kind: ClusterConfiguration
-kubernetesVersion: {version}
-clusterName: {cluster}
-controlPlaneEndpoint: {endpoint}
-networking:
-  serviceSubnet: 10.0.0.0/24
----
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-{sandbox}",
-        cri = containerd.endpoint(),
-        cluster = capi::CLUSTER,
-        sandbox = tests::kubelet::sandbox_config(
-            &containerd.endpoint(),
-            kubelet.port,
-            kubelet.healthz_port,
-            kubelet.dir()
-        ),
-    )
-    .replace("\nenforceNodeAllocatable: []\n", "\nenforceNodeAllocatable: [none]\n");
-    let init_path = ns.dir.path().join("init.yaml");
-    std::fs::write(&init_path, &init).unwrap();
-    apply(
-        &w.admin,
-        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": CONTROL_PLANE, "labels": {
-            "kubernetes.io/hostname": CONTROL_PLANE, "node-role.kubernetes.io/control-plane": ""}}}),
-    )
-    .await;
-    for phase in [
-        ["upload-config", "kubeadm"].as_slice(),
-        &["upload-config", "kubelet"],
-        &["bootstrap-token"],
-    ] {
-        let mut args: Vec<String> = ["init", "phase"].iter().map(ToString::to_string).collect();
-        args.extend(phase.iter().map(ToString::to_string));
-        args.extend([
-            "--config".to_owned(),
-            init_path.display().to_string(),
-            "--kubeconfig".to_owned(),
-            w.env.admin_kubeconfig.display().to_string(),
-        ]);
-        let out = ns.command(&kubeadm_env, &kubeadm, &args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubeadm {}: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let kubeadm = Kubeadm::new(&assets);
+    let control_plane = ControlPlane::of(&w).await;
+    let tokens = vec![bootstrap_token(JOIN_TOKEN, Some("the stock node's join token"))];
+    kubeadm
+        .init_cluster(
+            &ns,
+            &w,
+            &control_plane.init_documents(&containerd.endpoint(), tokens, None),
+            &kubelet_config_of(&containerd, &kubelet),
+        )
+        .await;
     let bindings: Api<ClusterRoleBinding> = Api::all(w.admin.clone());
-    assert_eq!(present(&bindings).await, BINDINGS, "kubeadm init's bindings");
-    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(w.admin.clone(), "kube-public");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let data = configmaps
-            .get_opt("cluster-info")
-            .await
-            .unwrap()
-            .and_then(|c| c.data)
-            .unwrap_or_default();
-        if data.contains_key(&format!("jws-kubeconfig-{JOIN_TOKEN_ID}")) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(
+        present(&bindings).await,
+        AUTO_APPROVE_BINDINGS,
+        "kubeadm init's bindings"
+    );
+    wait_cluster_info_signed(&w.admin, &[JOIN_TOKEN_ID], Duration::from_secs(60), &kcm).await;
 
     // Opted in: the signer removes both bindings (cp-0 belongs to no Machine: it keeps nothing).
     let resync = format!("{}s", RESYNC.as_secs());
@@ -430,8 +325,8 @@ kind: KubeletConfiguration
         "kubectl apply: {}",
         String::from_utf8_lossy(&applied.stderr)
     );
-    assert_eq!(present(&bindings).await, BINDINGS, "restored");
-    let bootstrap_binding = bindings.get(BINDINGS[0]).await.unwrap();
+    assert_eq!(present(&bindings).await, AUTO_APPROVE_BINDINGS, "restored");
+    let bootstrap_binding = bindings.get(AUTO_APPROVE_BINDINGS[0]).await.unwrap();
     assert_eq!(
         bootstrap_binding.subjects.unwrap()[0].name,
         "system:bootstrappers:kubeadm:default-node-token",
@@ -461,7 +356,7 @@ kind: KubeletConfiguration
     while watched.elapsed() < RESYNC * 5 {
         assert_eq!(
             present(&bindings).await,
-            BINDINGS,
+            AUTO_APPROVE_BINDINGS,
             "the signer removed a restored binding\n{}",
             signer.log()
         );
@@ -471,62 +366,14 @@ kind: KubeletConfiguration
 
     // 3. The stock node joins: an unmodified `kubeadm join`, kubelet from kubeadm's unit alone
     //    (--bootstrap-kubeconfig, --kubeconfig), still opted in.
-    let join = json!({
-        "apiVersion": "kubeadm.k8s.io/v1beta4", "kind": "JoinConfiguration",
-        "discovery": {"bootstrapToken": {"apiServerEndpoint": endpoint, "token": JOIN_TOKEN,
-            "caCertHashes": [ca_cert_hash(&w.env.client_ca.cert_pem)]}},
-        "nodeRegistration": {"name": NODE, "criSocket": containerd.endpoint(), "kubeletExtraArgs": [
-            {"name": "provider-id", "value": PROVIDER_ID},
-            {"name": "node-ip", "value": NODE_IP.to_string()}]}
-    });
-    let join_path = ns.dir.path().join("join.yaml");
-    std::fs::write(&join_path, serde_yaml::to_string(&join).unwrap()).unwrap();
-    let join_log = ns.dir.path().join("kubeadm-join.log");
-    let log = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&join_log)
-            .unwrap()
-    };
-    let join_started = Instant::now();
-    let mut kubeadm_join = ns
-        .command(
-            &kubeadm_env,
-            &kubeadm,
-            &[
-                "join".to_owned(),
-                "--config".to_owned(),
-                join_path.display().to_string(),
-                format!("--ignore-preflight-errors={}", IGNORED_PREFLIGHT_ERRORS.join(",")),
-            ],
-        )
-        .stdout(log())
-        .stderr(log())
-        .spawn()
-        .unwrap();
-    recorder.process(&kubeadm_join);
-    let joined = || std::fs::read_to_string(&join_log).unwrap_or_default();
+    let stock = json!({"nodeRegistration": {"kubeletExtraArgs": [{"name": "provider-id", "value": PROVIDER_ID}]}});
+    let join = control_plane.join_configuration(&stock, JOIN_TOKEN, Some(NODE), &containerd.endpoint(), false);
+    let mut kubeadm_join = kubeadm.join(&ns, &recorder, &join, &[kubeadm.ignore_preflight_errors()]);
     let bootstrap_file = format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf");
-    let deadline = Instant::now() + WAIT;
-    while !(joined().contains("[kubelet-start] Starting the kubelet")
-        && ns.path(&bootstrap_file).exists()
-        && ns.path(&format!("{VAR_LIB_KUBELET}/config.yaml")).exists())
-    {
-        let exited = kubeadm_join.try_wait().unwrap();
-        assert!(
-            exited.is_none() && Instant::now() < deadline,
-            "kubeadm join did not come to starting kubelet ({exited:?}):\n{}",
-            joined()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    kubeadm_join.wait_for_kubelet_start(&ns, WAIT, "kubeadm join").await;
     // Where kubeadm asks systemd to (re)start kubelet: kubeadm's unit's ExecStart.
-    let service_env: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
-        .chain(unit.environment(|path| ns.read(path)))
-        .collect();
-    let exec_start = expand(unit.exec_start.as_deref().unwrap(), &service_env);
-    let kubelet_args = exec_start[1..].to_vec();
+    let service = ns.kubelet_service(&unit);
+    let kubelet_args = service.kubelet_args();
     for wanted in [
         format!("--bootstrap-kubeconfig={bootstrap_file}"),
         format!("--kubeconfig={ETC_KUBERNETES}/kubelet.conf"),
@@ -540,27 +387,9 @@ kind: KubeletConfiguration
         "kubeadm's kubelet rotates its certificate:\n{config}"
     );
     let kubelet_started = Instant::now();
-    kubelet.start_command(
-        &ns.nsenter,
-        ns.args(&service_env, &assets.join("kubelet"), &kubelet_args),
-    );
-    let diagnostics = |kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager| {
-        format!(
-            "--- kubeadm join:\n{}\n--- kubelet:\n{}\n--- signer:\n{}\n--- kube-controller-manager:\n{}",
-            joined(),
-            kubelet.log(),
-            signer
-                .log()
-                .lines()
-                .rev()
-                .take(30)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n"),
-            kcm.log()
-        )
+    ns.start_kubelet(&service, &mut kubelet, &assets);
+    let diagnostics = |join: &KubeadmJoin, kubelet: &Kubelet, signer: &Signer, kcm: &ControllerManager| {
+        join_diagnostics(join, kubelet, signer, 30, kcm)
     };
     let Some(first) = csrs
         .wait_issued(WAIT, |s| {
@@ -571,7 +400,7 @@ kind: KubeletConfiguration
         panic!(
             "kube-controller-manager issued nothing: {:?}\n{}",
             csrs.all(),
-            diagnostics(&kubelet, &signer, &kcm)
+            diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
         );
     };
     assert_eq!(
@@ -582,19 +411,16 @@ kind: KubeletConfiguration
     let (_, first_pem) = first.issued.clone().unwrap();
     let (_, _, subject) = validity(&first_pem);
     assert!(subject.contains(USER), "{subject}");
-    let Some(status) = wait_exit(&mut kubeadm_join, Duration::from_secs(180)).await else {
-        panic!("kubeadm join did not finish\n{}", diagnostics(&kubelet, &signer, &kcm));
-    };
-    assert!(
-        status.success() && joined().contains("This node has joined the cluster"),
-        "kubeadm join: {status}\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
-    );
-    let join_took = join_started.elapsed();
+    kubeadm_join
+        .wait_joined("kubeadm join", Duration::from_secs(180), |join| {
+            diagnostics(join, &kubelet, &signer, &kcm)
+        })
+        .await;
+    let join_took = kubeadm_join.started.elapsed();
     assert!(
         wait_renewed_and_ready(&w.admin, NODE, 0, WAIT).await,
         "the stock node is not Ready\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
+        diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
     );
     let registered = node(&w.admin, NODE).await.unwrap();
     assert_eq!(
@@ -605,7 +431,7 @@ kind: KubeletConfiguration
     set_node_ref(&admin, &w.admin, capi::NAMESPACE, NODE).await;
     // The node with the plugin still renews through the signer; the bindings are still there.
     plugin_renews("while the stock node joins").await;
-    assert_eq!(present(&bindings).await, BINDINGS, "\n{}", signer.log());
+    assert_eq!(present(&bindings).await, AUTO_APPROVE_BINDINGS, "\n{}", signer.log());
     assert!(
         csrs.all()
             .iter()
@@ -650,7 +476,7 @@ kind: KubeletConfiguration
         panic!(
             "the stock node did not renew after the opt-out: {:?}\n{}",
             csrs.of(LEGACY_SIGNER),
-            diagnostics(&kubelet, &signer, &kcm)
+            diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
         );
     };
     assert_eq!(renewal.approved_reason.as_deref(), Some("AutoApproved"), "{renewal:?}");
@@ -660,7 +486,7 @@ kind: KubeletConfiguration
     assert!(
         wait_renewed_and_ready(&w.admin, NODE, since, WAIT).await,
         "the stock node is Ready on its renewed certificate\n{}",
-        diagnostics(&kubelet, &signer, &kcm)
+        diagnostics(&kubeadm_join, &kubelet, &signer, &kcm)
     );
     // Nothing the signer left is gone, and none of it broke the stock node: its workload RBAC,
     // the plugin node's claim, kubeadm's bindings as restored, the join token as it was.
@@ -680,7 +506,7 @@ kind: KubeletConfiguration
     );
     assert_eq!(
         present(&bindings).await,
-        BINDINGS,
+        AUTO_APPROVE_BINDINGS,
         "kubeadm's bindings stay as restored"
     );
     assert_eq!(

@@ -119,7 +119,10 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
     let per_cluster = prometheus.query("count({__name__=~\"node_attestation_.+\", cluster=\"team-a/prod\"})");
     let count: f64 = per_cluster[0]["value"][1].as_str().unwrap().parse().unwrap();
     eprintln!("series with cluster=\"team-a/prod\": {count}");
-    assert!(count <= 13.0, "{count} series for one cluster");
+    // 11, the workload minor and whether the revoked list is missing (docs/decisions.md), and
+    // before 1.32 one per limitation the minor has (two).
+    let limitations = if tests::envtest::kubernetes_minor() < 32 { 2.0 } else { 0.0 };
+    assert!(count <= 13.0 + limitations, "{count} series for one cluster");
 
     let ca_secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{}-ca", capi::CLUSTER), "namespace": capi::NAMESPACE}});
     let saved: Value = get(&admin, &ca_secret).await;

@@ -4,16 +4,31 @@
 //! stand for `/etc/kubernetes`, `/var/lib/kubelet` and kubelet's drop-in folder
 //! `/etc/systemd/system/kubelet.service.d`, the plugin for its install path and a stub for
 //! `systemctl`; and systemd's part, the unit's drop-ins read and run as systemd would.
+//!
+//! And what those suites share around the node: the workload cluster as `kubeadm init`
+//! leaves it for joining nodes (its configuration, [`ControlPlane`], in the version the
+//! assets' kubeadm reads, [`crate::kubeadm_config`]; its cluster-side phases,
+//! [`Kubeadm::init_cluster`]), an unmodified `kubeadm join` ([`Kubeadm::join`],
+//! [`KubeadmJoin`]) and kubelet started where kubeadm asks systemd to ([`KubeletService`]),
+//! with what kubeadm and kubelet of a minor before v1.31 need of this sandbox.
 
 #![allow(clippy::expect_used, clippy::unwrap_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::kubelet::{Host, MountPoint, Recorder, der, program_path};
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use serde_json::{Value, json};
+
+use crate::ca::TestCa;
+use crate::capi;
+use crate::envtest::Envtest;
+use crate::kubeadm_config::{self, ConfigVersion};
+use crate::kubelet::{Containerd, ControllerManager, Host, Kubelet, MountPoint, NODE_IP, Recorder, der, program_path};
+use crate::live::{self, Signer, Workload};
 
 /// The `kubelet_authenticator` role, whose drop-in the node runs.
 pub const ROLE: &str = "images/image-builder/ansible/roles/kubelet_authenticator";
@@ -32,6 +47,9 @@ EnvironmentFile=-/etc/default/kubelet
 ExecStart=
 ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
 "#;
+/// Where kubeadm before v1.31 checks kubelet's health (`localhost`, its `KubeletHealthzPort`),
+/// whatever kubelet's `healthzPort`.
+pub const KUBEADM_KUBELET_HEALTHZ_PORT: u16 = 10248;
 /// systemd's `PATH` for services.
 pub const SYSTEMD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The node's `/etc/kubernetes` (bind-mounted in its namespace).
@@ -351,6 +369,27 @@ impl NodeNamespace {
         namespace
     }
 
+    /// The node of an image the `kubelet_authenticator` role baked (`role`, its variables):
+    /// `plugin` at the role's install path, `/etc/kubernetes/pki` and the cert dir
+    /// ([`NodeNamespace::bake_image`]); its hostname `hostname`.
+    pub fn start_baked(
+        host: &mut Host,
+        recorder: &Recorder,
+        role: &BTreeMap<String, String>,
+        plugin: &Path,
+        hostname: &str,
+    ) -> Self {
+        let ns = Self::start(
+            host,
+            recorder,
+            &role["kubelet_authenticator_install_path"],
+            plugin,
+            hostname,
+        );
+        ns.bake_image(role);
+        ns
+    }
+
     /// The host path behind a node path under `/etc/kubernetes`, `/var/lib/kubelet` or
     /// [`KUBELET_DROPINS`]; panics for any other (it would be the host's own).
     pub fn path(&self, node_path: &str) -> PathBuf {
@@ -500,6 +539,708 @@ pub async fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::proc
             return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The control-plane Node `kubeadm init` registered: the suite's apiserver is the control
+/// plane, and no kubelet of its own runs (the Node is written as its kubelet would have).
+pub const CONTROL_PLANE: &str = "cp-0";
+/// The address kubeadm init's control plane advertises (`localAPIEndpoint`): kubeadm refuses
+/// loopback there, and nothing dials it (a node finds the apiserver at `controlPlaneEndpoint`,
+/// the suite's, through cluster-info).
+pub const CONTROL_PLANE_ADDRESS: &str = "192.0.2.10";
+/// The address a control-plane node joining with `kubeadm join --control-plane` advertises.
+pub const JOINING_CONTROL_PLANE_ADDRESS: &str = "192.0.2.11";
+/// kubelet's own TLS bootstrap signer, kubeadm's path: kube-controller-manager approves its
+/// CSRs under kubeadm's [`AUTO_APPROVE_BINDINGS`]; a node under attestation never files one.
+pub const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
+/// kubeadm's two auto-approve bindings (`bootstrap-token` phase): the join token's group may
+/// have its CSRs approved by kube-controller-manager, and a node its renewals.
+pub const AUTO_APPROVE_BINDINGS: [&str; 2] = [
+    "kubeadm:node-autoapprove-bootstrap",
+    "kubeadm:node-autoapprove-certificate-rotation",
+];
+/// The preflight checks a worker's `kubeadm join` skips (`--ignore-preflight-errors`), and
+/// why: checks of this sandbox host, not of the node's configuration.
+pub const IGNORED_PREFLIGHT_ERRORS: [(&str, &str); 6] = [
+    (
+        "FileExisting-iptables",
+        "no iptables on a sandbox host; no iptables chains here",
+    ),
+    (
+        "FileContent--proc-sys-net-ipv4-ip_forward",
+        "pod networking; no pod runs",
+    ),
+    (
+        "FileContent--proc-sys-net-bridge-bridge-nf-call-iptables",
+        "pod networking; no pod runs",
+    ),
+    ("Swap", "the host's swap (failSwapOn: false)"),
+    ("SystemVerification", "the host's kernel and cgroups"),
+    ("Port-10250", "kubelet listens on a free port of its own"),
+];
+/// The phases of `kubeadm join --control-plane` skipped (`--skip-phases`), and why: what
+/// needs the control plane's static pods, whose images this machine cannot pull (the suite
+/// runs kube-apiserver and kube-controller-manager itself), or its other certificates.
+pub const CONTROL_PLANE_JOIN_SKIPPED_PHASES: [(&str, &str); 5] = [
+    (
+        "preflight",
+        "checks the host for a control plane (ports, manifests) and the shared certificates the skipped certs phase would use",
+    ),
+    (
+        "control-plane-prepare/download-certs",
+        "no --certificate-key: Cluster API hands the CA to the Machine itself",
+    ),
+    (
+        "control-plane-prepare/certs",
+        "the control plane's serving and client certificates, for static pods that do not run here",
+    ),
+    (
+        "control-plane-prepare/control-plane",
+        "static pod manifests whose images this machine cannot pull",
+    ),
+    ("wait-control-plane", "waits for those static pods through kubelet"),
+];
+
+/// The preflight checks a worker's `kubeadm join` skips where kubeadm is older than a minor
+/// (check, the first kubeadm minor that no longer fails it here, why): tools of the host that
+/// this sandbox does not install and that nothing run here uses.
+pub const IGNORED_PREFLIGHT_ERRORS_BEFORE: [(&str, u32, &str); 2] = [
+    (
+        "FileExisting-crictl",
+        31,
+        "kubeadm before v1.31 requires crictl on the host; not installed here, and a worker join uses it for preflight checks only",
+    ),
+    (
+        "FileExisting-conntrack",
+        32,
+        "kube-proxy's conntrack, required before v1.32; no kube-proxy runs here",
+    ),
+];
+
+/// A control-plane join's `--skip-phases` ([`CONTROL_PLANE_JOIN_SKIPPED_PHASES`]).
+pub fn skip_control_plane_join_phases() -> String {
+    let phases: Vec<&str> = CONTROL_PLANE_JOIN_SKIPPED_PHASES
+        .iter()
+        .map(|(phase, _)| *phase)
+        .collect();
+    format!("--skip-phases={}", phases.join(","))
+}
+
+/// The workload cluster of a kubeadm suite, also its own management cluster: a fresh
+/// apiserver (`suite`'s) with Cluster API's CRDs and the Cluster opted in for `attestors`
+/// (the management cluster's client comes second). Its processes and folders are recorded, so
+/// that the next run cleans up after a killed one.
+pub async fn opted_in_cluster(suite: &str, host: &Host, attestors: &str) -> (Workload, kube::Client) {
+    let env = Envtest::start(suite);
+    let recorder = host.recorder();
+    env.pids().into_iter().for_each(|pid| recorder.pid(pid));
+    recorder.folder(env.dir());
+    recorder.folder(env.client_ca.cert_path.parent().expect("the CA's folder"));
+    env.install_capi_crds();
+    let admin = live::client(&env.admin_kubeconfig).await;
+    let w = Workload::register(env, &admin, capi::NAMESPACE, capi::CLUSTER, attestors).await;
+    (w, admin)
+}
+
+/// Machine `machine` of the Cluster for node `node` on this host: its provider ID and the
+/// addresses kubelet reports (the node address and the node name), against which the signer
+/// checks a serving CSR's SANs.
+pub fn node_machine(w: &Workload, machine: &str, node: &str, provider_id: &str) -> Value {
+    let mut object = w.own(capi::machine(machine, Some(provider_id)));
+    object["status"]["addresses"] = json!([
+        {"type": "InternalIP", "address": NODE_IP.to_string()},
+        {"type": "Hostname", "address": node}
+    ]);
+    object
+}
+
+/// [`node_machine`] as a KubeadmControlPlane makes one: labelled control-plane, its
+/// KubeadmConfig named as the Machine (no nodeRef: no Machine controller runs here, the
+/// registered Node carrying the provider ID names the node).
+pub fn control_plane_machine(w: &Workload, machine: &str, node: &str, provider_id: &str) -> Value {
+    let mut object = node_machine(w, machine, node, provider_id);
+    object["metadata"]["labels"]["cluster.x-k8s.io/control-plane"] = json!("");
+    object["spec"]["bootstrap"]["configRef"]["name"] = json!(machine);
+    object
+}
+
+/// A worker's Machine for node `node` on this host ([`node_machine`], named as the node) and
+/// its KubeadmConfig (`<node>-kc`, naming join token `token_id`), applied as the bootstrap
+/// provider leaves them.
+pub async fn apply_worker_machine(admin: &kube::Client, w: &Workload, node: &str, token_id: &str, provider_id: &str) {
+    live::apply(
+        admin,
+        &w.own(capi::kubeadm_config(&format!("{node}-kc"), token_id, "v1beta2")),
+    )
+    .await;
+    live::apply(admin, &node_machine(w, node, node, provider_id)).await;
+}
+
+/// kube-controller-manager as a kubeadm cluster runs it here (with `extra` flags): the CSR
+/// controllers (`csrsigning` signs with the cluster CA, `csrapproving` is kubeadm's own path)
+/// and `bootstrapsigner`, which signs `cluster-info` for each join token (a join's discovery
+/// needs the JWS).
+pub fn kubeadm_controller_manager(assets: &Path, env: &Envtest, host: &Host, extra: &[&str]) -> ControllerManager {
+    ControllerManager::start_with_args(
+        assets,
+        env,
+        host,
+        &["csrsigning", "csrapproving", "bootstrapsigner"],
+        extra,
+    )
+}
+
+/// cloud-init's instance metadata (`ds.meta_data`) of an EC2 instance in `zone`, as the
+/// shipped AWS templates' Jinja reads it; `None` for what else a template would ask.
+pub fn ec2_metadata(zone: &'static str, instance_id: &'static str) -> impl Fn(&str) -> Option<String> + Copy {
+    move |name: &str| match name {
+        "ds.meta_data.placement.availability_zone" => Some(zone.to_owned()),
+        "ds.meta_data.instance_id" => Some(instance_id.to_owned()),
+        _ => None,
+    }
+}
+
+/// A join token of InitConfiguration's `bootstrapTokens` (an hour, kubeadm's default usages
+/// and group).
+pub fn bootstrap_token(token: &str, description: Option<&str>) -> Value {
+    let mut value = json!({"token": token, "ttl": "1h"});
+    if let Some(description) = description {
+        value["description"] = json!(description);
+    }
+    value
+}
+
+/// The cluster's KubeletConfiguration (what `upload-config kubelet` gives every joining node):
+/// the sandbox's settings ([`crate::kubelet::sandbox_config`]) with `enforceNodeAllocatable:
+/// [none]` for its `[]`: kubeadm leaves an empty list out of the config it uploads and writes,
+/// and kubelet then defaults to enforcing `pods`, which `cgroupsPerQOS: false` refuses.
+pub fn cluster_kubelet_config(cri: &str, port: u16, healthz_port: u16, dir: &Path) -> String {
+    let sandbox = crate::kubelet::sandbox_config(cri, port, healthz_port, dir);
+    let empty = "\nenforceNodeAllocatable: []\n";
+    assert!(sandbox.contains(empty), "{sandbox}");
+    sandbox.replace(empty, "\nenforceNodeAllocatable: [none]\n")
+}
+
+/// kubelet's `node-ip` (the node address, [`NODE_IP`]) added to an Init- or
+/// JoinConfiguration's `kubeletExtraArgs` (`v1beta4` shape): the sandbox's own, so that
+/// kubelet reports the address the serving CSR's SANs are checked against.
+pub fn add_node_ip(configuration: &mut Value) {
+    let args = &mut configuration["nodeRegistration"]["kubeletExtraArgs"];
+    if args.is_null() {
+        *args = json!([]);
+    }
+    args.as_array_mut()
+        .expect("kubeletExtraArgs, a list")
+        .push(json!({"name": "node-ip", "value": NODE_IP.to_string()}));
+}
+
+/// [`cluster_kubelet_config`] on `kubelet`'s ports and folder, with `containerd`.
+pub fn kubelet_config_of(containerd: &Containerd, kubelet: &Kubelet) -> String {
+    cluster_kubelet_config(
+        &containerd.endpoint(),
+        kubelet.port,
+        kubelet.healthz_port,
+        kubelet.dir(),
+    )
+}
+
+/// The suite's apiserver as kubeadm's configuration names it.
+#[derive(Debug, Clone)]
+pub struct ControlPlane {
+    /// `controlPlaneEndpoint`, and a join's `apiServerEndpoint`: `127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// The apiserver's port (`localAPIEndpoint.bindPort`).
+    pub port: u16,
+    /// `kubernetesVersion`: the apiserver's own.
+    pub kubernetes_version: String,
+    /// The cluster CA's pin (`caCertHashes`).
+    pub ca_cert_hash: String,
+}
+
+impl ControlPlane {
+    /// `w`'s apiserver.
+    pub async fn of(w: &Workload) -> Self {
+        let endpoint = w.env.server.trim_start_matches("https://").to_owned();
+        let port = endpoint
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .expect("the apiserver's port");
+        Self {
+            port,
+            kubernetes_version: w.admin.apiserver_version().await.expect("/version").git_version,
+            ca_cert_hash: ca_cert_hash(&w.env.client_ca.cert_pem),
+            endpoint,
+        }
+    }
+
+    /// kubeadm init's InitConfiguration (the `v1beta4` shape, see [`crate::kubeadm_config`]):
+    /// `bootstrap` (a KubeadmConfig's `initConfiguration`, or `{}`) with the join `tokens`
+    /// ([`bootstrap_token`]), the control plane's own address, and control-plane node `node`
+    /// on `cri`.
+    pub fn init_configuration(&self, bootstrap: &Value, node: &str, cri: &str, tokens: Vec<Value>) -> Value {
+        let mut init = bootstrap.clone();
+        init["kind"] = json!("InitConfiguration");
+        init["bootstrapTokens"] = json!(tokens);
+        init["localAPIEndpoint"] = json!({"advertiseAddress": CONTROL_PLANE_ADDRESS, "bindPort": self.port});
+        init["nodeRegistration"]["name"] = json!(node);
+        init["nodeRegistration"]["criSocket"] = json!(cri);
+        init
+    }
+
+    /// kubeadm init's configuration for a control plane that nodes join ([`Kubeadm::init_cluster`]):
+    /// the InitConfiguration of [`CONTROL_PLANE`] on `cri` with the join `tokens`, and the
+    /// ClusterConfiguration ([`ControlPlane::cluster_configuration`]).
+    pub fn init_documents(&self, cri: &str, tokens: Vec<Value>, external_etcd: Option<&str>) -> [Value; 2] {
+        [
+            self.init_configuration(&json!({}), CONTROL_PLANE, cri, tokens),
+            self.cluster_configuration(external_etcd),
+        ]
+    }
+
+    /// The ClusterConfiguration of the Cluster (`v1beta4` shape), its etcd `external_etcd`'s
+    /// when given (then a joining control plane has no etcd member to add).
+    pub fn cluster_configuration(&self, external_etcd: Option<&str>) -> Value {
+        let mut cluster = json!({"kind": "ClusterConfiguration", "kubernetesVersion": self.kubernetes_version,
+            "clusterName": capi::CLUSTER, "controlPlaneEndpoint": self.endpoint,
+            "networking": {"serviceSubnet": "10.0.0.0/24"}});
+        if let Some(etcd) = external_etcd {
+            cluster["etcd"] = json!({"external": {"endpoints": [etcd]}});
+        }
+        // kubeadm 1.33 turns ControlPlaneKubeletLocalMode on (beta): a control-plane node's
+        // kubelet.conf then names its own localAPIEndpoint. Here those are placeholders
+        // (192.0.2.10, .11: kubeadm refuses loopback, and the envtest apiserver listens on
+        // 127.0.0.1 only), so the suites keep the 1.32 behaviour, kubelet.conf naming the
+        // controlPlaneEndpoint; on a real control plane the local endpoint answers and the
+        // plugin follows kubelet.conf's server either way.
+        if crate::kubeadm_config::kubeadm_minor(&crate::envtest::assets("kubeadm")) >= 33 {
+            cluster["featureGates"] = json!({"ControlPlaneKubeletLocalMode": false});
+        }
+        cluster
+    }
+
+    /// The JoinConfiguration the bootstrap provider makes of a KubeadmConfig's
+    /// `joinConfiguration` (`bootstrap`, `v1beta4` shape): discovery by `token` pinned to the
+    /// cluster CA; the node's name when given (else `bootstrap`'s, or the hostname); the
+    /// suite's containerd at `cri`; kubelet's `node-ip` the node address; and, for a
+    /// control-plane node, its own `localAPIEndpoint`.
+    pub fn join_configuration(
+        &self,
+        bootstrap: &Value,
+        token: &str,
+        node: Option<&str>,
+        cri: &str,
+        control_plane: bool,
+    ) -> Value {
+        let mut join = bootstrap.clone();
+        join["kind"] = json!("JoinConfiguration");
+        join["discovery"] = json!({"bootstrapToken": {
+            "apiServerEndpoint": self.endpoint, "token": token, "caCertHashes": [self.ca_cert_hash]}});
+        if let Some(node) = node {
+            join["nodeRegistration"]["name"] = json!(node);
+        }
+        join["nodeRegistration"]["criSocket"] = json!(cri);
+        add_node_ip(&mut join);
+        if control_plane {
+            join["controlPlane"] =
+                json!({"localAPIEndpoint": {"advertiseAddress": JOINING_CONTROL_PLANE_ADDRESS, "bindPort": self.port}});
+        }
+        join
+    }
+}
+
+/// The kubeadm of `KUBEBUILDER_ASSETS`, run in a node's namespace with the environment it
+/// would have there (`PATH` with the assets first, for the kubelet it checks, and `HOME`),
+/// and its configuration version ([`ConfigVersion`]: `v1beta3` before kubeadm v1.31).
+pub struct Kubeadm {
+    /// The binary.
+    pub binary: PathBuf,
+    /// Its environment.
+    pub env: Vec<(String, String)>,
+    /// The configuration version it reads.
+    pub config_version: ConfigVersion,
+    /// Its minor (`kubeadm version -o short`).
+    pub minor: u32,
+}
+
+impl Kubeadm {
+    /// The kubeadm in `assets`.
+    pub fn new(assets: &Path) -> Self {
+        Self {
+            binary: assets.join("kubeadm"),
+            env: vec![
+                ("PATH".to_owned(), format!("{}:{SYSTEMD_PATH}", assets.display())),
+                ("HOME".to_owned(), "/root".to_owned()),
+            ],
+            config_version: ConfigVersion::of_kubeadm(assets),
+            minor: kubeadm_config::kubeadm_minor(assets),
+        }
+    }
+
+    /// The preflight checks a worker join skips with this kubeadm, and why:
+    /// [`IGNORED_PREFLIGHT_ERRORS`], and those of [`IGNORED_PREFLIGHT_ERRORS_BEFORE`] that this
+    /// kubeadm's minor still fails.
+    pub fn ignored_preflight_errors(&self) -> Vec<(&'static str, &'static str)> {
+        let older = IGNORED_PREFLIGHT_ERRORS_BEFORE
+            .iter()
+            .filter(|(_, fixed, _)| self.minor < *fixed)
+            .map(|(check, _, why)| (*check, *why));
+        IGNORED_PREFLIGHT_ERRORS.into_iter().chain(older).collect()
+    }
+
+    /// A worker join's `--ignore-preflight-errors` ([`Kubeadm::ignored_preflight_errors`]).
+    pub fn ignore_preflight_errors(&self) -> String {
+        let names: Vec<&str> = self.ignored_preflight_errors().iter().map(|(name, _)| *name).collect();
+        format!("--ignore-preflight-errors={}", names.join(","))
+    }
+
+    /// Writes a `--config` file at `path`: `documents` (the `v1beta4` shape) in this
+    /// kubeadm's version, then a KubeletConfiguration of `kubelet`'s lines when given.
+    pub fn write_config(&self, path: &Path, documents: &[Value], kubelet: Option<&str>) {
+        let documents = kubeadm_config::render(documents, self.config_version);
+        std::fs::write(path, kubeadm_config::yaml_stream(&documents, kubelet)).expect("kubeadm's config");
+    }
+
+    /// `kubeadm <args>` in `ns`, to its end; panics unless it succeeds.
+    pub fn output(&self, ns: &NodeNamespace, args: &[String]) -> Output {
+        let out = ns.command(&self.env, &self.binary, args).output().expect("kubeadm");
+        assert!(
+            out.status.success(),
+            "kubeadm {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// [`Kubeadm::output`]: what it said (stdout, then stderr).
+    pub fn run(&self, ns: &NodeNamespace, args: &[String]) -> String {
+        let out = self.output(ns, args);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+
+    /// `kubeadm init phase <phase> --config <config>`, with `--kubeconfig <kubeconfig>` when
+    /// given (else kubeadm reads `/etc/kubernetes/admin.conf`).
+    pub fn init_phase(&self, ns: &NodeNamespace, config: &Path, phase: &[&str], kubeconfig: Option<&Path>) -> String {
+        let mut args: Vec<String> = ["init", "phase"]
+            .into_iter()
+            .chain(phase.iter().copied())
+            .map(ToOwned::to_owned)
+            .collect();
+        args.extend(["--config".to_owned(), config.display().to_string()]);
+        if let Some(kubeconfig) = kubeconfig {
+            args.extend(["--kubeconfig".to_owned(), kubeconfig.display().to_string()]);
+        }
+        self.run(ns, &args)
+    }
+
+    /// What `kubeadm init` leaves in the cluster for joining nodes, by kubeadm's own phases
+    /// in `ns` with `init.yaml` there (`documents`, [`ControlPlane::init_documents`], and the
+    /// cluster's KubeletConfiguration of `kubelet`'s lines) and the suite's admin credential:
+    /// `upload-config kubeadm` (`kubeadm-config`), `upload-config kubelet` (`kubelet-config`,
+    /// which annotates the control-plane Node: [`CONTROL_PLANE`] is registered first, with the
+    /// hostname label kubeadm waits for, as kubeadm init's kubelet would have),
+    /// `bootstrap-token` (the join tokens, their RBAC, `cluster-info` in kube-public,
+    /// kubeadm's [`AUTO_APPROVE_BINDINGS`]). What the phases said.
+    pub async fn init_cluster(&self, ns: &NodeNamespace, w: &Workload, documents: &[Value], kubelet: &str) -> String {
+        let config = ns.dir.path().join("init.yaml");
+        self.write_config(&config, documents, Some(kubelet));
+        live::apply(
+            &w.admin,
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": CONTROL_PLANE, "labels": {
+                "kubernetes.io/hostname": CONTROL_PLANE, "node-role.kubernetes.io/control-plane": ""}}}),
+        )
+        .await;
+        let mut said = String::new();
+        for phase in [
+            ["upload-config", "kubeadm"].as_slice(),
+            &["upload-config", "kubelet"],
+            &["bootstrap-token"],
+        ] {
+            said.push_str(&self.init_phase(ns, &config, phase, Some(&w.env.admin_kubeconfig)));
+        }
+        said
+    }
+
+    /// Starts an unmodified `kubeadm join` of `config` (a JoinConfiguration, `v1beta4` shape,
+    /// written to `join.yaml` in this kubeadm's version) with `flags`, in `ns`, its output
+    /// logged to `kubeadm-join.log` there.
+    pub fn join(&self, ns: &NodeNamespace, recorder: &Recorder, config: &Value, flags: &[String]) -> KubeadmJoin {
+        let config_path = ns.dir.path().join("join.yaml");
+        self.write_config(&config_path, std::slice::from_ref(config), None);
+        let mut args = vec![
+            "join".to_owned(),
+            "--config".to_owned(),
+            config_path.display().to_string(),
+        ];
+        args.extend(flags.iter().cloned());
+        let log = ns.dir.path().join("kubeadm-join.log");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .expect("kubeadm join's log")
+        };
+        let started = Instant::now();
+        let child = ns
+            .command(&self.env, &self.binary, &args)
+            .stdout(open())
+            .stderr(open())
+            .spawn()
+            .expect("kubeadm join");
+        recorder.process(&child);
+        KubeadmJoin { child, log, started }
+    }
+}
+
+/// A running `kubeadm join` ([`Kubeadm::join`]).
+pub struct KubeadmJoin {
+    child: Child,
+    log: PathBuf,
+    /// When it started.
+    pub started: Instant,
+}
+
+impl KubeadmJoin {
+    /// What it has said so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits, at most `timeout`, for kubeadm to ask systemd to (re)start kubelet ("Starting
+    /// the kubelet", right before `systemctl restart kubelet`) with `bootstrap-kubelet.conf`
+    /// and kubelet's `config.yaml` written: where the suite, playing systemd, starts the unit.
+    /// Panics, saying `what` did not come there, if kubeadm exits or the time is up first.
+    pub async fn wait_for_kubelet_start(&mut self, ns: &NodeNamespace, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        while !(self.output().contains("[kubelet-start] Starting the kubelet")
+            && ns.path(&format!("{ETC_KUBERNETES}/bootstrap-kubelet.conf")).exists()
+            && ns.path(&format!("{VAR_LIB_KUBELET}/config.yaml")).exists())
+        {
+            let exited = self.child.try_wait().expect("kubeadm join's status");
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "{what} did not come to starting kubelet ({exited:?}):\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits, at most `timeout`, for it to exit.
+    pub async fn finish(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_exit(&mut self.child, timeout).await
+    }
+
+    /// Waits, at most `timeout`, for it to finish as a join that worked: exit 0, having said
+    /// "This node has joined the cluster". Panics otherwise, saying `what` did not, with
+    /// `diagnostics`.
+    pub async fn wait_joined(&mut self, what: &str, timeout: Duration, diagnostics: impl Fn(&Self) -> String) {
+        let Some(status) = self.finish(timeout).await else {
+            panic!("{what} did not finish\n{}", diagnostics(self));
+        };
+        assert!(
+            status.success() && self.output().contains("This node has joined the cluster"),
+            "{what}: {status}\n{}",
+            diagnostics(self)
+        );
+    }
+}
+
+/// kubelet's service as systemd starts it from a [`Unit`]: its environment (systemd's `PATH`
+/// and the unit's variables only), each `ExecStartPre` and `ExecStart`, `$NAME`s expanded.
+#[derive(Debug, Clone)]
+pub struct KubeletService {
+    /// The environment.
+    pub environment: Vec<(String, String)>,
+    /// The `ExecStartPre=` command lines, in order.
+    pub exec_start_pre: Vec<Vec<String>>,
+    /// The `ExecStart=` command line.
+    pub exec_start: Vec<String>,
+}
+
+impl KubeletService {
+    /// kubelet's arguments (`ExecStart` after the program).
+    pub fn kubelet_args(&self) -> &[String] {
+        &self.exec_start[1..]
+    }
+}
+
+impl NodeNamespace {
+    /// The CA as Cluster API hands it to a control-plane Machine (kubeadm signs kubelet's
+    /// certificate with it on the first one): `/etc/kubernetes/pki/ca.crt` and `ca.key`.
+    pub fn install_cluster_ca(&self, ca: &TestCa) {
+        std::fs::write(self.path(&format!("{ETC_KUBERNETES}/pki/ca.crt")), &ca.cert_pem).expect("ca.crt");
+        std::fs::write(self.path(&format!("{ETC_KUBERNETES}/pki/ca.key")), &ca.key_pem).expect("ca.key");
+    }
+
+    /// kubelet's service as systemd would start `unit` now (the environment files read as
+    /// they are in the namespace).
+    pub fn kubelet_service(&self, unit: &Unit) -> KubeletService {
+        let environment: Vec<(String, String)> = std::iter::once(("PATH".to_owned(), SYSTEMD_PATH.to_owned()))
+            .chain(unit.environment(|path| self.read(path)))
+            .collect();
+        KubeletService {
+            exec_start_pre: unit
+                .exec_start_pre
+                .iter()
+                .map(|pre| expand(pre, &environment))
+                .collect(),
+            exec_start: expand(unit.exec_start.as_deref().expect("an ExecStart"), &environment),
+            environment,
+        }
+    }
+
+    /// Runs the service's `ExecStartPre`s in order, in the namespace; panics unless each
+    /// succeeds, as systemd would not start kubelet then. What they said.
+    pub fn run_exec_start_pre(&self, service: &KubeletService) -> String {
+        let mut said = String::new();
+        for pre in &service.exec_start_pre {
+            let out = self
+                .command(&service.environment, Path::new(&pre[0]), &pre[1..])
+                .output()
+                .expect("ExecStartPre");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(out.status.success(), "ExecStartPre {pre:?}: {text}");
+            said.push_str(&text);
+        }
+        said
+    }
+
+    /// kubeadm's `/var/lib/kubelet/config.yaml` as the sandbox's kubelet and kubeadm of
+    /// `minor` (the assets') need it; from v1.31 it is left as it is. Before v1.31:
+    /// - kubelet refuses any `enforceNodeAllocatable` without `cgroupsPerQOS`, `none` included
+    ///   ([`cluster_kubelet_config`]), and kubeadm writes no empty list (kubelet would default
+    ///   it to `pods`): the empty list is written back, as kubelet reads the sandbox's own config;
+    /// - kubeadm waits for kubelet's health at `localhost:10248` whatever `healthzPort` says:
+    ///   kubelet serves it there when the port is free (else another of the suite's kubelets on
+    ///   this host, whose network the nodes share, holds it and answers).
+    fn accept_kubelet_config(&self, minor: u32) {
+        if minor >= 31 {
+            return;
+        }
+        let path = self.path(&format!("{VAR_LIB_KUBELET}/config.yaml"));
+        let text = std::fs::read_to_string(&path).expect("kubelet's config.yaml");
+        let mut config: serde_yaml::Value = serde_yaml::from_str(&text).expect("kubelet's config.yaml");
+        let settings = config.as_mapping_mut().expect("kubelet's config, a mapping");
+        let enforce = serde_yaml::Value::from("enforceNodeAllocatable");
+        if settings.get(&enforce) == Some(&serde_yaml::Value::from(vec!["none"])) {
+            settings.insert(enforce, serde_yaml::Value::Sequence(Vec::new()));
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", KUBEADM_KUBELET_HEALTHZ_PORT)).is_ok() {
+            settings.insert("healthzPort".into(), KUBEADM_KUBELET_HEALTHZ_PORT.into());
+        }
+        std::fs::write(&path, serde_yaml::to_string(&config).expect("YAML")).expect("kubelet's config.yaml");
+    }
+
+    /// Starts `kubelet` as the service's `ExecStart` (kubeadm's `/usr/bin/kubelet`, here the
+    /// assets' kubelet) in the namespace.
+    pub fn start_kubelet(&self, service: &KubeletService, kubelet: &mut Kubelet, assets: &Path) {
+        assert_eq!(service.exec_start[0], "/usr/bin/kubelet", "{:?}", service.exec_start);
+        self.accept_kubelet_config(kubeadm_config::kubeadm_minor(assets));
+        kubelet.start_command(
+            &self.nsenter,
+            self.args(&service.environment, &assets.join("kubelet"), service.kubelet_args()),
+        );
+    }
+}
+
+/// Waits, at most `timeout`, for kube-controller-manager's `bootstrapsigner` to sign
+/// `cluster-info` (kube-public) for every join token of `token_ids` (a join's discovery needs
+/// the JWS); the ConfigMap's data.
+pub async fn wait_cluster_info_signed(
+    admin: &kube::Client,
+    token_ids: &[&str],
+    timeout: Duration,
+    kcm: &ControllerManager,
+) -> BTreeMap<String, String> {
+    let configmaps: kube::Api<ConfigMap> = kube::Api::namespaced(admin.clone(), "kube-public");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let data = configmaps
+            .get_opt("cluster-info")
+            .await
+            .expect("cluster-info")
+            .and_then(|c| c.data)
+            .unwrap_or_default();
+        if token_ids
+            .iter()
+            .all(|id| data.contains_key(&format!("jws-kubeconfig-{id}")))
+        {
+            return data;
+        }
+        assert!(Instant::now() < deadline, "cluster-info is not signed\n{}", kcm.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What kubeadm init binds for the `admin.conf` it writes (group `kubeadm:cluster-admins`): a
+/// joining control plane writes its own admin.conf with it, and marks its Node with that.
+pub async fn bind_kubeadm_cluster_admins(admin: &kube::Client) {
+    live::apply(
+        admin,
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "kubeadm:cluster-admins"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "kubeadm:cluster-admins"}]}),
+    )
+    .await;
+}
+
+/// The last `lines` lines of the signer's log.
+pub fn signer_tail(signer: &Signer, lines: usize) -> String {
+    let log = signer.log();
+    let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+/// What each process of a join said last, for a failure message: kubeadm join, kubelet, the
+/// signer (its last `signer_lines` lines), kube-controller-manager.
+pub fn join_diagnostics(
+    join: &KubeadmJoin,
+    kubelet: &Kubelet,
+    signer: &Signer,
+    signer_lines: usize,
+    kcm: &ControllerManager,
+) -> String {
+    format!(
+        "--- kubeadm join:\n{}\n--- kubelet:\n{}\n--- signer:\n{}\n--- kube-controller-manager:\n{}",
+        join.output(),
+        kubelet.log(),
+        signer_tail(signer, signer_lines),
+        kcm.log()
+    )
+}
+
+/// Waits, at most `timeout`, for kubelet to register Node `name`; panics with `diagnostics`
+/// if kubelet exits first or the time is up.
+pub async fn wait_registered(
+    admin: &kube::Client,
+    name: &str,
+    kubelet: &mut Kubelet,
+    timeout: Duration,
+    diagnostics: impl Fn(&Kubelet) -> String,
+) -> Node {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(registered) = crate::kubelet::node(admin, name).await {
+            return registered;
+        }
+        assert!(
+            Instant::now() < deadline && kubelet.alive(),
+            "Node {name} was not registered\n{}",
+            diagnostics(kubelet)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -14,6 +14,7 @@ pub mod csr;
 pub mod envtest;
 pub mod fleet;
 pub mod kube_metrics;
+pub mod kubeadm_config;
 pub mod kubeadm_node;
 pub mod kubelet;
 pub mod lifecycle;
