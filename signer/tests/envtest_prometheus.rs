@@ -121,7 +121,11 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
     eprintln!("series with cluster=\"team-a/prod\": {count}");
     // 11, the workload minor and whether the revoked list is missing (docs/decisions.md), and
     // before 1.32 one per limitation the minor has (two).
-    let limitations = if tests::envtest::kubernetes_minor() < 32 { 2.0 } else { 0.0 };
+    let limitations = if tests::envtest::kubernetes_minor() < 32 {
+        2.0
+    } else {
+        0.0
+    };
     assert!(count <= 13.0 + limitations, "{count} series for one cluster");
 
     let ca_secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{}-ca", capi::CLUSTER), "namespace": capi::NAMESPACE}});

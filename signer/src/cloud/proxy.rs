@@ -132,8 +132,16 @@ mod tests {
         c.call(keys).await.unwrap();
         let seen = log.lock().unwrap().clone();
         assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!(seen[0].starts_with("CONNECT sts.us-east-1.amazonaws.com:443 HTTP/1.1"), "{seen:?}");
-        assert!(seen[0].to_ascii_lowercase().contains("proxy-authorization: basic dxnlcjpzzwnyzxq="), "{seen:?}");
+        assert!(
+            seen[0].starts_with("CONNECT sts.us-east-1.amazonaws.com:443 HTTP/1.1"),
+            "{seen:?}"
+        );
+        assert!(
+            seen[0]
+                .to_ascii_lowercase()
+                .contains("proxy-authorization: basic dxnlcjpzzwnyzxq="),
+            "{seen:?}"
+        );
         assert!(seen[1].starts_with("CONNECT www.googleapis.com:443 "), "{seen:?}");
         // NO_PROXY: directly (here to a port nobody listens on: refused, and the proxy saw nothing).
         let exempt: Uri = "https://a.svc:1/".parse().unwrap();

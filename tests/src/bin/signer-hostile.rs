@@ -333,14 +333,7 @@ async fn misnamed(args: &Args, binary: &std::path::Path) {
         let node = node.clone();
         tokio::spawn(async move {
             let request = RequestSpec::kubelet(&format!("ghost-{i}"), PID).build();
-            file_csr(
-                &node,
-                &format!("misnamed-{i}"),
-                flood_signer,
-                &request,
-                CLIENT_USAGES,
-            )
-            .await;
+            file_csr(&node, &format!("misnamed-{i}"), flood_signer, &request, CLIENT_USAGES).await;
         });
     }
     let window = started.elapsed();
