@@ -40,6 +40,7 @@ use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::{Envtest, SharedEtcd};
 use tests::live::{self, Final, Signer, Workload, apply, file_csr, metric, state_of, wait_final};
+use tests::revocation::now;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
@@ -61,14 +62,6 @@ const SECRET_PURPOSES: [&str; 6] = ["kubeconfig", "ca", "etcd", "sa", "proxy", "
 
 fn pid(name: &str) -> String {
     format!("aws:///us-east-1a/i-{name}")
-}
-
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .unwrap()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,19 +25,12 @@ use tests::capi;
 use tests::csr::RequestSpec;
 use tests::envtest::{Envtest, kubernetes_minor};
 use tests::live::{self, Final, Signer, Workload, file_csr, wait_final};
+use tests::revocation::now;
 use tests::revocation::{kubelet_writes, refused_within};
 
 const SIGNER_BIN: &str = env!("CARGO_BIN_EXE_node-attestation-signer");
 const CLIENT_USAGES: &[&str] = &["digital signature", "client auth"];
 const WAIT: Duration = Duration::from_secs(30);
-
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .unwrap()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap()
-}
 
 fn pid(name: &str) -> String {
     format!("aws:///us-east-1a/i-{name}")

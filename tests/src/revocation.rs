@@ -18,8 +18,9 @@ use crate::live::Signer;
 /// What the revocation policy's refusals say.
 pub const REFUSAL: &str = "revoked by node-attestation-signer";
 
-/// Now, RFC 3339 in whole seconds, and with the microseconds a Lease's `renewTime` wants.
-fn now() -> String {
+/// Now, RFC 3339 in whole seconds (a condition's `lastTransitionTime`; a Lease's `renewTime`
+/// wants microseconds added).
+pub fn now() -> String {
     time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .expect("whole seconds")
