@@ -53,7 +53,7 @@ pub struct Revoked<'a> {
 /// `inventory` (never call it before its objects are listed: a Machine not yet listed would
 /// read as gone) and its workload `nodes`.
 pub fn revoked<'a>(
-    issued: &'a [IssuedCertificate],
+    issued: impl IntoIterator<Item = &'a IssuedCertificate>,
     inventory: &Inventory,
     nodes: Nodes<'_>,
     now: i64,
@@ -65,7 +65,7 @@ pub fn revoked<'a>(
     let pools_named: HashMap<&str, &MachinePoolView> =
         inventory.pools.iter().map(|p| (p.name.as_str(), p.as_ref())).collect();
     issued
-        .iter()
+        .into_iter()
         .filter(|c| !c.expired(now))
         .filter_map(|certificate| {
             let why = match certificate.kind {

@@ -20,6 +20,28 @@ pub struct RevocationState {
     /// The list's resourceVersion as last read or written: its values are rewritten from what was
     /// read, so each write is conditional on it.
     pub(in crate::controller::workload) listed_version: Option<String>,
+    /// What the last look at the triggers saw (see [`LookedAt`]): the same again means nothing
+    /// can have changed, and the look is skipped.
+    pub(in crate::controller::workload) looked_at: Option<LookedAt>,
     /// The list is missing (the policy then allows every write): reported once.
     pub(in crate::controller::workload) missing_reported: bool,
+}
+
+/// What a look at the triggers depended on: the Cluster's objects (the management cache's
+/// `Arc` of its inventory), the Nodes' index, the record and the list, the minor's reading and the
+/// minute (an entry expires at its NotAfter).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookedAt {
+    /// The inventory's address.
+    pub(in crate::controller::workload) inventory: usize,
+    /// The Nodes' index generation.
+    pub(in crate::controller::workload) nodes: Option<u64>,
+    /// Entries in the record.
+    pub(in crate::controller::workload) issued: usize,
+    /// The list's resourceVersion.
+    pub(in crate::controller::workload) listed_version: Option<String>,
+    /// Whether the apiserver names credential IDs.
+    pub(in crate::controller::workload) by_id: bool,
+    /// Unix minutes.
+    pub(in crate::controller::workload) minute: i64,
 }

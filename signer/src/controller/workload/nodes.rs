@@ -50,6 +50,9 @@ struct IndexState {
     /// A list has completed: what the index holds is the cluster's Nodes as of some version,
     /// which a watch started again from it brings up to date.
     listed_once: bool,
+    /// Counts every change of the index, so a reader can tell it has not changed since its
+    /// last look without copying it ([`NodeIndex::generation`]).
+    changes: u64,
 }
 
 impl IndexState {
@@ -65,6 +68,7 @@ impl IndexState {
     }
 
     fn insert(&mut self, name: String, provider_id: Option<String>) {
+        self.changes = self.changes.wrapping_add(1);
         self.remove(&name);
         if let Some(pid) = &provider_id {
             self.by_provider_id.entry(pid.clone()).or_default().insert(name.clone());
@@ -73,6 +77,7 @@ impl IndexState {
     }
 
     fn remove(&mut self, name: &str) {
+        self.changes = self.changes.wrapping_add(1);
         if let Some(Some(pid)) = self.by_name.remove(name)
             && let Some(names) = self.by_provider_id.get_mut(&pid)
         {
@@ -84,6 +89,7 @@ impl IndexState {
     }
 
     fn replace_all(&mut self, nodes: HashMap<String, Option<String>>) {
+        self.changes = self.changes.wrapping_add(1);
         self.by_name.clear();
         self.by_provider_id.clear();
         for (name, pid) in nodes {
@@ -115,6 +121,12 @@ impl NodeIndex {
                 provider_id: provider_id.clone(),
             })
             .collect())
+    }
+
+    /// A number that changes whenever the index does; `None` while it is not live.
+    pub fn generation(&self) -> Option<u64> {
+        let state = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.live.then_some(state.changes)
     }
 
     /// The Node called `name`.

@@ -28,6 +28,7 @@ use kube::runtime::events::EventType;
 use time::OffsetDateTime;
 
 use crate::controller::management::ApplyError;
+use crate::controller::workload::issued::LookedAt;
 use crate::controller::workload::worker::Worker;
 use crate::controller::workload_access::config_map_data;
 use crate::locks::lock;
@@ -233,8 +234,9 @@ impl Worker {
                 Ok(version) => self.listed_changed(&change, version),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot write the revoked list");
-                    // Read again next tick: it may have changed under us.
+                    // Read again next tick (it may have changed under us), and look again.
                     last_read = None;
+                    lock(&self.revocation).looked_at = None;
                 }
             }
         }
@@ -246,20 +248,38 @@ impl Worker {
         let cluster = self.served_cluster()?;
         let inventory = self.shared.management.inventory(&cluster)?;
         let version = self.apiserver_version()?;
-        let names: Option<HashSet<String>> = self
-            .nodes
-            .all()
-            .ok()
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let generation = self.nodes.generation();
+        let mut state = lock(&self.revocation);
+        let looked_at = LookedAt {
+            inventory: Arc::as_ptr(&inventory) as usize,
+            nodes: generation,
+            issued: state.issued.as_ref()?.len(),
+            listed_version: state.listed_version.clone(),
+            by_id: version.has_credential_id(),
+            minute: now / 60,
+        };
+        // Nothing it depends on changed since the last look: nothing new can be revoked (a
+        // written change moves the list's version, so a look follows every write).
+        if state.looked_at.as_ref() == Some(&looked_at) {
+            return None;
+        }
+        state.looked_at = Some(looked_at);
+        let names: Option<HashSet<String>> = generation
+            .and_then(|_| self.nodes.all().ok())
             .map(|nodes| nodes.into_iter().map(|n| n.name).collect());
         let nodes = names.as_ref().map_or(Nodes::Unknown, Nodes::Listed);
-        let state = lock(&self.revocation);
-        let issued: Vec<IssuedCertificate> = state.issued.as_ref()?.values().cloned().collect();
+        let issued = state.issued.as_ref()?;
         let listed = state.listed.as_ref()?;
-        let now = OffsetDateTime::now_utc().unix_timestamp();
-        let revoked = triggers::revoked(&issued, &inventory, nodes, now);
+        let revoked = triggers::revoked(issued.values(), &inventory, nodes, now);
         let live = triggers::live_node_names(&inventory);
-        let change = revoked_list::change(listed, &revoked, !version.has_credential_id(), &live, now);
-        Some(change)
+        Some(revoked_list::change(
+            listed,
+            &revoked,
+            !version.has_credential_id(),
+            &live,
+            now,
+        ))
     }
 
     /// Takes a written change into memory and reports each new revocation.
