@@ -75,10 +75,14 @@ pub fn kubernetes_minor() -> u32 {
             .unwrap_or_else(|e| panic!("{}: {e}", apiserver.display()));
         let text = String::from_utf8_lossy(&out.stdout);
         text.split_whitespace()
-            .find_map(|word| word.strip_prefix("v1."))
-            .and_then(|rest| rest.split('.').next()?.parse().ok())
+            .find_map(minor_of)
             .unwrap_or_else(|| panic!("{} --version: {text:?} names no v1.<minor>", apiserver.display()))
     })
+}
+
+/// The minor of a `v1.<minor>.<patch>` version (`v1.32.0-beta.0`: 32).
+pub fn minor_of(version: &str) -> Option<u32> {
+    version.strip_prefix("v1.")?.split('.').next()?.parse().ok()
 }
 
 /// A loopback port nobody listens on now.

@@ -101,14 +101,11 @@ pub fn kubeadm_version(assets: &Path) -> String {
 /// The minor of the kubeadm in `assets` (`30` for `v1.30.0`).
 pub fn kubeadm_minor(assets: &Path) -> u32 {
     let version = kubeadm_version(assets);
-    minor_of(&version).unwrap_or_else(|| panic!("kubeadm version -o short said {version:?}, not v1.<minor>.<patch>"))
+    crate::envtest::minor_of(&version)
+        .unwrap_or_else(|| panic!("kubeadm version -o short said {version:?}, not v1.<minor>.<patch>"))
 }
 
 /// The minor of a `v1.<minor>.<patch>[-suffix]` version.
-fn minor_of(version: &str) -> Option<u32> {
-    version.strip_prefix("v1.")?.split('.').next()?.parse().ok()
-}
-
 /// `documents` (kubeadm's, in the `v1beta4` shape, each with its `kind`; any other document
 /// passes as it is) as `version` says them. Panics on a field `version` cannot say.
 pub fn render(documents: &[Value], version: ConfigVersion) -> Vec<Value> {
@@ -261,9 +258,9 @@ mod tests {
 
     #[test]
     fn minors_before_31_get_v1beta3() {
-        assert_eq!(minor_of("v1.30.0"), Some(30));
-        assert_eq!(minor_of("v1.32.0-beta.0"), Some(32));
-        assert_eq!(minor_of("1.32"), None);
+        assert_eq!(crate::envtest::minor_of("v1.30.0"), Some(30));
+        assert_eq!(crate::envtest::minor_of("v1.32.0-beta.0"), Some(32));
+        assert_eq!(crate::envtest::minor_of("1.32"), None);
         assert_eq!(ConfigVersion::for_minor(30), ConfigVersion::V1Beta3);
         assert_eq!(ConfigVersion::for_minor(31), ConfigVersion::V1Beta4);
         assert_eq!(ConfigVersion::for_minor(33), ConfigVersion::V1Beta4);

@@ -95,6 +95,16 @@ pub enum RevokeReason {
 }
 
 impl RevokeReason {
+    /// Every reason, for metrics that must clear each one.
+    pub const ALL: [RevokeReason; 6] = [
+        Self::MachineGone,
+        Self::MachineReleased,
+        Self::ClaimReplaced,
+        Self::PoolInstanceGone,
+        Self::PoolGone,
+        Self::Operator,
+    ];
+
     /// The word in metrics, Events and the parameter object.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,16 +119,7 @@ impl RevokeReason {
 
     /// Reads [`RevokeReason::as_str`]'s word.
     pub fn parse(word: &str) -> Option<Self> {
-        [
-            Self::MachineGone,
-            Self::MachineReleased,
-            Self::ClaimReplaced,
-            Self::PoolInstanceGone,
-            Self::PoolGone,
-            Self::Operator,
-        ]
-        .into_iter()
-        .find(|r| r.as_str() == word)
+        Self::ALL.into_iter().find(|r| r.as_str() == word)
     }
 }
 
@@ -155,14 +156,7 @@ mod tests {
 
     #[test]
     fn reasons_read_back() {
-        for reason in [
-            RevokeReason::MachineGone,
-            RevokeReason::MachineReleased,
-            RevokeReason::ClaimReplaced,
-            RevokeReason::PoolInstanceGone,
-            RevokeReason::PoolGone,
-            RevokeReason::Operator,
-        ] {
+        for reason in RevokeReason::ALL {
             assert_eq!(RevokeReason::parse(reason.as_str()), Some(reason));
         }
         assert_eq!(RevokeReason::parse("Anything"), None);

@@ -9,6 +9,9 @@
 //! Only cluster administrators write `kube-system` ConfigMaps; an entry that does not read
 //! (edited by hand) is skipped and reported, never trusted partially.
 //!
+//! The signer reads the record when it starts serving a Cluster, adds to it at each issuance,
+//! and removes the entries past their NotAfter at each resync ([`expired_by_shard`]).
+//!
 //! An entry is the key `<credential ID>` and the value
 //! `v1 <notAfter, Unix seconds> <M|P> <Machine or MachinePool UID> <its name> <node> <providerID>`:
 //! about 220 bytes with a 36-byte UID and AWS names (a generated Machine name, an EC2 host name
@@ -142,6 +145,19 @@ pub fn read_shard<'a>(
     (read, errors)
 }
 
+/// The entries of `entries` expired at `now`, by shard: what the record's pruning removes (an
+/// expired certificate has nothing left to refuse, and a shard that only grew would fill).
+pub fn expired_by_shard<'a>(
+    entries: impl IntoIterator<Item = &'a IssuedCertificate>,
+    now: i64,
+) -> std::collections::BTreeMap<usize, Vec<&'a IssuedCertificate>> {
+    let mut by_shard = std::collections::BTreeMap::<usize, Vec<&IssuedCertificate>>::new();
+    for entry in entries.into_iter().filter(|e| e.expired(now)) {
+        by_shard.entry(entry.id.shard()).or_default().push(entry);
+    }
+    by_shard
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +205,26 @@ mod tests {
         let data = [(e.key(), value), ("x".to_owned(), "y".to_owned())];
         let (read, errors) = read_shard(data.iter().map(|(k, v)| (k, v)));
         assert_eq!((read.len(), errors.len()), (1, 1));
+    }
+
+    #[test]
+    fn only_expired_entries_are_pruned_each_from_its_shard() {
+        let live = entry();
+        let mut old = entry();
+        old.id = CredentialId::of_certificate(b"old");
+        old.not_after = 1_700_000_000;
+        let mut older = entry();
+        older.id = CredentialId::of_certificate(b"older");
+        older.not_after = 1_600_000_000;
+        let entries = [live.clone(), old.clone(), older.clone()];
+        let pruned = expired_by_shard(&entries, 1_750_000_000);
+        let ids: Vec<CredentialId> = pruned.values().flatten().map(|e| e.id).collect();
+        assert_eq!(ids.len(), 2);
+        assert!(ids.contains(&old.id) && ids.contains(&older.id) && !ids.contains(&live.id));
+        for (shard, entries) in &pruned {
+            assert!(entries.iter().all(|e| e.id.shard() == *shard));
+        }
+        assert!(expired_by_shard(&entries, 1_500_000_000).is_empty());
     }
 
     #[test]

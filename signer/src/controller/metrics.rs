@@ -623,6 +623,13 @@ impl Metrics {
         self.workload_minor.remove(&labels);
         self.revoked_listed.remove(&labels);
         self.revocation_list_missing.remove(&labels);
+        self.certificates_unrecorded.remove(&labels);
+        for reason in attestation::revocation::RevokeReason::ALL {
+            self.certificates_revoked.remove(&RevokedLabels {
+                cluster: cluster.to_owned(),
+                reason: reason.as_str().to_owned(),
+            });
+        }
         for limitation in attestation::kubernetes_minor::Limitation::ALL {
             self.workload_limitations.remove(&LimitationLabels {
                 cluster: cluster.to_owned(),
@@ -692,6 +699,44 @@ pub fn encode(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clusters_minor_and_revocation_series_go_with_it() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        let old = attestation::kubernetes_minor::ApiserverVersion::parse("1", "30", "v1.30.0").unwrap();
+        for cluster in ["team-a/prod", "team-a/dev"] {
+            m.workload_minor(cluster, &old);
+            m.revoked_listed(cluster, 2);
+            m.revocation_list_missing(cluster, false);
+            m.certificate_revoked(cluster, "MachineGone");
+            m.certificate_unrecorded(cluster);
+        }
+        let text = encode(&registry);
+        assert!(
+            text.contains(
+                r#"node_attestation_workload_limitations{cluster="team-a/prod",limitation="NoCredentialId"} 1"#
+            ),
+            "{text}"
+        );
+        // Upgraded: the limitations clear.
+        let upgraded = attestation::kubernetes_minor::ApiserverVersion::parse("1", "32", "v1.32.0").unwrap();
+        m.workload_minor("team-a/dev", &upgraded);
+        let text = encode(&registry);
+        assert!(
+            !text.contains(r#"node_attestation_workload_limitations{cluster="team-a/dev""#),
+            "{text}"
+        );
+        m.forget_cluster("team-a/prod");
+        let text = encode(&registry);
+        let series = |cluster: &str| {
+            text.lines()
+                .filter(|l| !l.starts_with('#') && l.contains(&format!("cluster=\"{cluster}\"")))
+                .count()
+        };
+        assert_eq!(series("team-a/prod"), 0, "{text}");
+        assert_eq!(series("team-a/dev"), 5, "{text}");
+    }
 
     #[test]
     fn ca_expiries_follow_the_served_clusters_and_the_challenge_key_is_reported() {

@@ -3,8 +3,10 @@
 //! `node-attestation-revoked-certificates` ValidatingAdmissionPolicy refuses.
 //!
 //! What is revoked is [`attestation::revocation`]'s (pure); this duty keeps the record in memory
-//! (read once when the worker starts, then every resync, and added to at each issuance before
-//! the certificate is written: [`Worker::record_issued`]), looks every [`TICK`] whether the
+//! (read once when the worker starts, added to at each issuance before the certificate is
+//! written: [`Worker::record_issued`], pruned of expired entries at each resync, in memory and
+//! in the cluster), reads the list again at each resync (an operator's entries, an edit by
+//! hand), looks every [`TICK`] whether the
 //! management cache, the Nodes or the clock revoke something new, and writes the list only when
 //! it changes (one merge patch), reporting each revocation (log line, Event, counter). A
 //! restarted signer reads the record and the list again and catches up within a few ticks of
@@ -140,6 +142,38 @@ impl Worker {
         Ok(())
     }
 
+    /// Removes the record's expired entries, from the cluster's shards and from memory; a shard
+    /// that cannot be written now is pruned at the next resync.
+    async fn prune_record(&self) {
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let expired: Vec<(usize, Vec<IssuedCertificate>)> = {
+            let state = lock(&self.revocation);
+            let Some(issued) = state.issued.as_ref() else { return };
+            record::expired_by_shard(issued.values(), now)
+                .into_iter()
+                .map(|(shard, entries)| (shard, entries.into_iter().cloned().collect()))
+                .collect()
+        };
+        for (shard, entries) in expired {
+            let name = record::shard_name(shard);
+            let keys: Vec<String> = entries.iter().map(IssuedCertificate::key).collect();
+            if let Err(e) =
+                config_map_data::merge(&self.client, &name, &BTreeMap::new(), &keys, FIELD_MANAGER, None).await
+            {
+                tracing::debug!(error = %e, "cannot prune the record's {name} now");
+                continue;
+            }
+            let mut state = lock(&self.revocation);
+            let freed: usize = entries.iter().map(|e| e.key().len() + e.value().len()).sum();
+            state.shard_bytes[shard] = state.shard_bytes[shard].saturating_sub(freed);
+            if let Some(issued) = state.issued.as_mut() {
+                for e in &entries {
+                    issued.remove(&e.id);
+                }
+            }
+        }
+    }
+
     /// Reads the revoked list; a missing one is created empty (the policy allows while it is
     /// missing, and says nothing).
     async fn read_list(&self) -> Result<(), String> {
@@ -194,6 +228,7 @@ impl Worker {
 
     /// Runs until the worker stops.
     pub(in crate::controller::workload) async fn revocation_loop(self: Arc<Self>) {
+        let mut record_read = false;
         let mut last_read: Option<Instant> = None;
         let mut warned_full = false;
         loop {
@@ -201,16 +236,25 @@ impl Worker {
             if self.served_cluster().is_none() {
                 continue;
             }
-            // The record and the list are read at the start and every resync (an edit by hand,
-            // another replica's writes during a hand-over).
-            if last_read.is_none_or(|at| at.elapsed() >= self.shared.settings.resync) {
-                match tokio::try_join!(self.read_record(), self.read_list()) {
-                    Ok(_) => last_read = Some(Instant::now()),
+            // The record once (this worker adds what it issues), until it could be read.
+            if !record_read {
+                match self.read_record().await {
+                    Ok(()) => record_read = true,
                     Err(why) => {
-                        tracing::debug!(%why, "revocation: cannot read the record or the list yet");
+                        tracing::debug!(%why, "revocation: cannot read the record yet");
                         continue;
                     }
                 }
+            }
+            // The list at the start and every resync (an operator's entries, an edit by hand),
+            // and the record's expired entries pruned as often.
+            if last_read.is_none_or(|at| at.elapsed() >= self.shared.settings.resync) {
+                if let Err(why) = self.read_list().await {
+                    tracing::debug!(%why, "revocation: cannot read the revoked list yet");
+                    continue;
+                }
+                last_read = Some(Instant::now());
+                self.prune_record().await;
             }
             let Some(change) = self.revocation_change() else {
                 continue;
@@ -285,7 +329,15 @@ impl Worker {
     /// Takes a written change into memory and reports each new revocation.
     fn listed_changed(&self, change: &ListChange, version: Option<String>) {
         let mut state = lock(&self.revocation);
-        let issued = state.issued.clone().unwrap_or_default();
+        // The record's entries of the certificates newly listed, for the report.
+        let revoked: Vec<(IssuedCertificate, attestation::revocation::RevokeReason)> = change
+            .added
+            .iter()
+            .filter_map(|added| {
+                let c = state.issued.as_ref()?.get(&added.id)?;
+                Some((c.clone(), added.why))
+            })
+            .collect();
         state.listed_version = version;
         let listed = state.listed.get_or_insert_with(BTreeMap::new);
         for key in &change.remove {
@@ -298,9 +350,7 @@ impl Worker {
         for node in &change.added_nodes {
             tracing::info!(%node, "revoked by node name (the workload apiserver names no credential ID)");
         }
-        for added in &change.added {
-            let why = added.why;
-            let Some(c) = issued.get(&added.id) else { continue };
+        for (c, why) in &revoked {
             self.shared.metrics.certificate_revoked(&self.key, why.as_str());
             let kind = match c.kind {
                 TargetKind::Machine => "Machine",
