@@ -85,12 +85,62 @@ pub fn minor_of(version: &str) -> Option<u32> {
     version.strip_prefix("v1.")?.split('.').next()?.parse().ok()
 }
 
-/// A loopback port nobody listens on now.
+/// A loopback port nobody listens on now, and that no other call in this process got.
+///
+/// Chosen at random below the kernel's ephemeral range (`ip_local_port_range`), checked by
+/// binding it: a port from `bind(:0)` comes from that range, where every outgoing connection
+/// (kubectl's, the apiservers' to etcd) also takes its local port, so between this probe and the
+/// server's own bind another socket could take it, which is how a suite lost a start to
+/// "address already in use". Outside the range only another listener can, and the starts below
+/// retry then.
 pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let handed_out = HANDED_OUT.get_or_init(Default::default);
+    let (low, high) = ports_below_ephemeral_range();
+    for _ in 0..1000 {
+        let [a, b, ..] = rand_bytes();
+        let port = low + u16::from_le_bytes([a, b]) % (high - low);
+        let mut taken = handed_out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if taken.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        taken.insert(port);
+        return port;
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// `[low, high)`: the ports from 15,000 up to the start of the kernel's ephemeral range (32,768
+/// by default), or 15,000..30,000 where the range cannot be read or starts lower.
+fn ports_below_ephemeral_range() -> (u16, u16) {
+    const LOW: u16 = 15_000;
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok());
+    match start {
+        Some(start) if start > LOW + 1_000 => (LOW, start),
+        _ => (LOW, 30_000),
+    }
+}
+
+/// Why an apiserver did not become ready.
+enum Unready {
+    TimedOut(Duration),
+    Exited,
+    LostItsPort,
+}
+
+/// How many times a server that lost its port to another process is started again on a new one.
+const BIND_ATTEMPTS: usize = 5;
+
+/// Whether a server's error log says another socket took its port first.
+fn lost_its_port(err_log: &Path) -> bool {
+    std::fs::read_to_string(err_log).is_ok_and(|e| e.contains("address already in use"))
 }
 
 fn log_file(dir: &Path, name: &str) -> Stdio {
@@ -131,7 +181,8 @@ impl Envtest {
     }
 
     fn start_apiserver_on(assets: PathBuf, dir: tempfile::TempDir, etcd: Arc<Etcd>, extra: &[String]) -> Self {
-        let d = dir.path();
+        let d = dir.path().to_owned();
+        let d = d.as_path();
         let client_ca = openssl_ca(*CLIENT_CA_FORMAT.get_or_init(|| CaKeyFormat::RsaPkcs1), 3650);
         let token = format!("{:032x}", u128::from_le_bytes(rand_bytes()));
         let (serving_cert, serving_key) = serving_certificate(&client_ca);
@@ -169,26 +220,52 @@ impl Envtest {
         .map(ToString::to_string)
         .chain(extra.iter().cloned())
         .collect();
-        let apiserver = spawn_apiserver(&assets, d, &apiserver_args);
-        let server = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = d.join("admin.kubeconfig");
-        std::fs::write(
-            &admin_kubeconfig,
-            kubeconfig(&server, &client_ca.cert_pem, &format!("token: {token}")),
-        )
-        .expect("write");
-        let env = Self {
+        let mut env = Self {
             assets,
             dir,
             etcd,
-            apiserver: Some(apiserver),
+            apiserver: None,
             apiserver_args,
-            server,
+            server: String::new(),
             client_ca,
             admin_kubeconfig,
         };
-        env.wait_ready(Duration::from_secs(90));
-        env
+        for attempt in 1..=BIND_ATTEMPTS {
+            if attempt > 1 {
+                // Another process took the port between the probe and the bind: another one.
+                env.listen_on(free_port());
+            }
+            env.server = format!("https://127.0.0.1:{}", env.secure_port());
+            std::fs::write(
+                &env.admin_kubeconfig,
+                kubeconfig(&env.server, &env.client_ca.cert_pem, &format!("token: {token}")),
+            )
+            .expect("write");
+            env.apiserver = Some(spawn_apiserver(&env.assets, env.dir.path(), &env.apiserver_args));
+            match env.await_ready(Duration::from_secs(90)) {
+                Ok(()) => return env,
+                Err(Unready::LostItsPort) if attempt < BIND_ATTEMPTS => env.stop_apiserver(),
+                Err(unready) => env.give_up(unready),
+            }
+        }
+        unreachable!("the last attempt returns or gives up")
+    }
+
+    /// The `--secure-port` it was started with.
+    fn secure_port(&self) -> u16 {
+        self.apiserver_args
+            .iter()
+            .find_map(|a| a.strip_prefix("--secure-port=")?.parse().ok())
+            .expect("--secure-port is among the flags")
+    }
+
+    fn listen_on(&mut self, port: u16) {
+        for arg in &mut self.apiserver_args {
+            if arg.starts_with("--secure-port=") {
+                *arg = format!("--secure-port={port}");
+            }
+        }
     }
 
     /// Stops kube-apiserver (etcd keeps the data): the cluster is down until
@@ -269,28 +346,54 @@ impl Envtest {
         self.dir.path()
     }
 
-    fn wait_ready(&self, timeout: Duration) {
+    fn wait_ready(&mut self, timeout: Duration) {
+        if let Err(unready) = self.await_ready(timeout) {
+            self.give_up(unready);
+        }
+    }
+
+    /// Waits until `/readyz` says ok, the apiserver exits, or `timeout` passes.
+    fn await_ready(&mut self, timeout: Duration) -> Result<(), Unready> {
         let deadline = Instant::now() + timeout;
         loop {
             let out = self.kubectl(&["get", "--raw", "/readyz"]);
             if out.status.success() && out.stdout.starts_with(b"ok") {
-                return;
+                return Ok(());
+            }
+            let exited = self
+                .apiserver
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited && lost_its_port(&self.dir.path().join("apiserver.err")) {
+                return Err(Unready::LostItsPort);
+            }
+            if exited {
+                return Err(Unready::Exited);
             }
             if Instant::now() > deadline {
-                let err = std::fs::read_to_string(self.dir.path().join("apiserver.err")).unwrap_or_default();
-                let tail: String = err
-                    .lines()
-                    .rev()
-                    .take(30)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                panic!("kube-apiserver not ready after {timeout:?}:\n{tail}");
+                return Err(Unready::TimedOut(timeout));
             }
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    fn give_up(&self, unready: Unready) -> ! {
+        let err = std::fs::read_to_string(self.dir.path().join("apiserver.err")).unwrap_or_default();
+        let tail: String = err
+            .lines()
+            .rev()
+            .take(30)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        let why = match unready {
+            Unready::TimedOut(timeout) => format!("not ready after {timeout:?}"),
+            Unready::Exited => "exited before it was ready".to_owned(),
+            Unready::LostItsPort => format!("lost its port to another process {BIND_ATTEMPTS} times"),
+        };
+        panic!("kube-apiserver {why}:\n{tail}");
     }
 
     /// Runs kubectl as admin.
@@ -418,29 +521,58 @@ struct Etcd {
 }
 
 impl Etcd {
+    /// Starts etcd and waits until it serves its client port (so a lost bind race is
+    /// seen here, and retried on other ports, rather than as an apiserver that never gets ready).
     fn spawn(assets: &Path, d: &Path, own_dir: Option<tempfile::TempDir>, extra: &[String]) -> Self {
-        let (etcd_port, peer_port) = (free_port(), free_port());
-        let child = Command::new(etcd_binary(assets))
-            .args([
-                "--name=default",
-                &format!("--data-dir={}", d.join("etcd").display()),
-                &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync",
-            ])
-            .args(extra)
-            .stdout(log_file(d, "etcd.log"))
-            .stderr(log_file(d, "etcd.err"))
-            .spawn()
-            .expect("start etcd");
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{etcd_port}"),
-            _dir: own_dir,
+        for _ in 0..BIND_ATTEMPTS {
+            let (etcd_port, peer_port) = (free_port(), free_port());
+            let mut child = Command::new(etcd_binary(assets))
+                .args([
+                    "--name=default",
+                    &format!("--data-dir={}", d.join("etcd").display()),
+                    &format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                    &format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                    &format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                    &format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                    &format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                    "--unsafe-no-fsync",
+                ])
+                .args(extra)
+                .stdout(log_file(d, "etcd.log"))
+                .stderr(log_file(d, "etcd.err"))
+                .spawn()
+                .expect("start etcd");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                // Its own log, not a connection (which another process on the port would take):
+                // etcd 3.4 says "serving insecure client requests on 127.0.0.1:<port>", 3.5
+                // "serving client traffic insecurely" with the address.
+                let serving = std::fs::read_to_string(d.join("etcd.err")).is_ok_and(|log| {
+                    let address = format!("127.0.0.1:{etcd_port}");
+                    log.lines().any(|l| l.contains("serving") && l.contains(&address))
+                });
+                if serving {
+                    return Self {
+                        child,
+                        url: format!("http://127.0.0.1:{etcd_port}"),
+                        _dir: own_dir,
+                    };
+                }
+                if child.try_wait().ok().flatten().is_some() {
+                    if lost_its_port(&d.join("etcd.err")) {
+                        let _ = std::fs::remove_dir_all(d.join("etcd"));
+                        break;
+                    }
+                    panic!(
+                        "etcd exited: {}",
+                        std::fs::read_to_string(d.join("etcd.err")).unwrap_or_default()
+                    );
+                }
+                assert!(Instant::now() < deadline, "etcd did not serve within 60s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
+        panic!("etcd lost its ports to other processes {BIND_ATTEMPTS} times")
     }
 }
 
