@@ -60,7 +60,7 @@ pub struct Credential {
     pub not_before: OffsetDateTime,
     /// Validity.
     pub not_after: OffsetDateTime,
-    /// When to renew: a jittered 70-90% of the lifetime.
+    /// When to renew: a jittered 50-55% of the usable lifetime ([`rotation_point`]).
     pub rotate_at: OffsetDateTime,
 }
 
@@ -115,17 +115,36 @@ impl NotObtained {
     }
 }
 
-/// The rotation point: `not_before` plus a fraction of the lifetime between 70% and 90%,
-/// derived from the certificate itself so every invocation agrees on it (a fresh random draw
-/// per call would make some call always see "rotate now").
+/// The share of a certificate's usable life after which the plugin starts renewing it: from half
+/// (SPEC section 6, outage tolerance) to 55%, jittered per certificate. Whatever the point, at
+/// least 45% of the usable life is left when renewal starts, and the plugin keeps answering the
+/// valid certificate while renewals fail: that 45% is how long the signer or the management
+/// cluster may be away (75.6 h at the default 168 h) before the first node loses its identity.
+pub const ROTATION_FROM: f64 = 0.50;
+/// See [`ROTATION_FROM`].
+pub const ROTATION_TO: f64 = 0.55;
+
+/// How much of a certificate's `notBefore` is backdating rather than life: Kubernetes' signers
+/// (kube-controller-manager's and ours) set `notBefore` 5 minutes before issuance so that a node
+/// whose clock is behind accepts it. Counting those minutes as life would put a short
+/// certificate's renewal before its issuance (half of a 3-minute certificate backdated 5 minutes
+/// falls a minute before it was issued) and the plugin would renew in a loop.
+const BACKDATING: Duration = Duration::minutes(5);
+
+/// The rotation point: past the backdating, a fraction between [`ROTATION_FROM`] and
+/// [`ROTATION_TO`] of the life after it, derived from the certificate itself so every invocation
+/// agrees on it (a fresh random draw per call would make some call always see "rotate now").
+/// For a lifetime under 7.5 minutes (no signer's here), two thirds of it count as backdating.
 pub fn rotation_point(cert_der: &[u8], not_before: OffsetDateTime, not_after: OffsetDateTime) -> OffsetDateTime {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, cert_der);
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest.as_ref()[..8]);
     let unit = (u64::from_be_bytes(first) >> 11) as f64 / (1u64 << 53) as f64;
-    let fraction = 0.7 + 0.2 * unit;
+    let fraction = ROTATION_FROM + (ROTATION_TO - ROTATION_FROM) * unit;
     let lifetime = not_after - not_before;
-    not_before + Duration::seconds_f64(lifetime.as_seconds_f64() * fraction)
+    let backdating = BACKDATING.min(lifetime * 2 / 3);
+    let life = lifetime - backdating;
+    not_before + backdating + Duration::seconds_f64(life.as_seconds_f64() * fraction)
 }
 
 /// Parses and checks a `cert + key` PEM file's contents for `node` and `provider_id` (the
@@ -620,16 +639,16 @@ mod tests {
     }
 
     #[test]
-    fn rotation_falls_between_70_and_90_percent_and_is_stable() {
+    fn rotation_falls_between_half_and_55_percent_of_the_life_after_backdating_and_is_stable() {
         let start = OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
-        let end = start + Duration::hours(100);
+        // 100 hours of life after 5 minutes of backdating.
+        let end = start + BACKDATING + Duration::hours(100);
         let mut seen = Vec::new();
         for i in 0..200u32 {
             let at = rotation_point(&i.to_be_bytes(), start, end);
-            assert!(
-                at >= start + Duration::hours(70) && at <= start + Duration::hours(90),
-                "{at}"
-            );
+            let after = at - start - BACKDATING;
+            assert!(after >= Duration::hours(50) && after <= Duration::hours(55), "{at}");
+            assert!(end - at >= Duration::hours(45), "the outage tolerance: 45% of the life");
             assert_eq!(
                 at,
                 rotation_point(&i.to_be_bytes(), start, end),
@@ -638,7 +657,38 @@ mod tests {
             seen.push(at);
         }
         seen.sort();
-        assert!(seen[199] - seen[0] > Duration::hours(15), "jitter spreads the fleet");
+        assert!(seen[199] - seen[0] > Duration::hours(4), "jitter spreads the fleet");
+    }
+
+    #[test]
+    fn the_default_lifetime_tolerates_a_three_day_outage() {
+        let issued = OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
+        let (not_before, not_after) = (issued - BACKDATING, issued + Duration::hours(168));
+        for i in 0..200u32 {
+            let at = rotation_point(&i.to_be_bytes(), not_before, not_after);
+            assert!(not_after - at >= Duration::hours(75), "{}", not_after - at);
+            assert!(at - issued >= Duration::hours(84), "{}", at - issued);
+        }
+    }
+
+    #[test]
+    fn a_short_certificate_is_never_due_before_it_was_issued() {
+        // The envtest suites' 3-minute certificates, backdated 5 minutes by the signer: due
+        // 90 to 99 s after issuance, never at once.
+        let issued = OffsetDateTime::from_unix_timestamp(1_000_000).unwrap();
+        let (not_before, not_after) = (issued - BACKDATING, issued + Duration::minutes(3));
+        for i in 0..200u32 {
+            let after = rotation_point(&i.to_be_bytes(), not_before, not_after) - issued;
+            assert!(
+                after >= Duration::seconds(90) && after <= Duration::seconds(99),
+                "{after}"
+            );
+        }
+        // A certificate from a signer that does not backdate, shorter than the backdating: two
+        // thirds of it count as such, the rest is life.
+        let (not_before, not_after) = (issued, issued + Duration::minutes(2));
+        let at = rotation_point(&0u32.to_be_bytes(), not_before, not_after);
+        assert!(at > issued + Duration::seconds(80) && at < not_after, "{at}");
     }
 
     #[test]

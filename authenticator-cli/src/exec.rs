@@ -64,6 +64,13 @@ pub struct ExecArgs {
     /// How long to wait for the certificate.
     #[arg(long, env = "KUBELET_AUTHENTICATOR_TIMEOUT", default_value = "15m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// How long a renewal waits for its certificate while the current one is valid (at most
+    /// `--timeout`). client-go holds every kubelet request while the plugin runs, so a renewal
+    /// the signer does not answer (an outage) must give up before kubelet's Lease lapses (40 s)
+    /// and answer the current certificate; it tries again later ([`unanswered_retry`]).
+    #[arg(long, env = "KUBELET_AUTHENTICATOR_RENEWAL_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
+    // (DEFAULT_RENEWAL_TIMEOUT is this default.)
+    pub renewal_timeout: Duration,
     /// Requested certificate lifetime (`spec.expirationSeconds`; at least 10m).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_REQUESTED_DURATION", value_parser = humantime::parse_duration)]
     pub requested_duration: Option<Duration>,
@@ -191,7 +198,8 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                             backoff::rfc3339(old.not_after),
                             Chain(&error)
                         );
-                        Ok(answer_until(version, &old, old.rotate_at.min(now)))
+                        let again = (now + unanswered_retry(now, old.rotate_at, old.not_after)).min(old.not_after);
+                        Ok(answer_until(version, &old, again))
                     }
                     _ => Err(error),
                 };
@@ -323,9 +331,12 @@ pub fn run(args: &ExecArgs) -> Result<String> {
                         backoff::rfc3339(old.not_after),
                         Chain(&error)
                     );
-                    // client-go calls again when the backoff ends, or at once after another
-                    // failure (a foreign certificate's own rotation point may be months away).
-                    let expires = retry_at.unwrap_or(old.rotate_at.min(now)).min(old.not_after);
+                    // client-go calls again when the backoff ends, or after an unanswered
+                    // renewal's retry delay (a foreign certificate's own rotation point may be
+                    // months away, so not that).
+                    let expires = retry_at
+                        .unwrap_or_else(|| now + unanswered_retry(now, old.rotate_at, old.not_after))
+                        .min(old.not_after);
                     Ok(answer_until(version, &old, expires))
                 }
                 _ if retry_at.is_some() => Err(anyhow::anyhow!("{}{then}", Chain(&error))),
@@ -333,6 +344,26 @@ pub fn run(args: &ExecArgs) -> Result<String> {
             }
         }
     }
+}
+
+/// `--renewal-timeout`'s default.
+pub const DEFAULT_RENEWAL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long after a renewal that failed without a denial (the signer or the management cluster
+/// away, a network error, a timeout) the next one is tried: a quarter of the time since the
+/// rotation point, at most a quarter of the time left, from 1 minute to 6 hours. Each try files
+/// a CSR, an outage may last days (the outage tolerance is 45% of the lifetime), and the signer
+/// decides every CSR still pending when it returns: retrying each minute would leave thousands of
+/// CSRs per node for it. This way a three-day outage files about 40 per node (those older than a
+/// day deleted by kube-controller-manager's cleaner, so a handful pending at its end); a node
+/// retries within minutes of a short outage's end, and never waits past a quarter of the life
+/// its certificate has left.
+pub fn unanswered_retry(now: OffsetDateTime, rotate_at: OffsetDateTime, not_after: OffsetDateTime) -> time::Duration {
+    let since: time::Duration = (now - rotate_at).max(time::Duration::ZERO);
+    let left: time::Duration = (not_after - now).max(time::Duration::ZERO);
+    let (since, left): (time::Duration, time::Duration) = (since / 4, left / 4);
+    let delay = since.min(left);
+    delay.clamp(time::Duration::minutes(1), time::Duration::hours(6))
 }
 
 /// How soon client-go asks again while an adoption waits for the Node to register.
@@ -391,12 +422,17 @@ fn renew(
         .requested_duration
         .map(|d| i32::try_from(d.as_secs()).context("--requested-duration is too long"))
         .transpose()?;
+    let renewing = current.is_some_and(|c| OffsetDateTime::now_utc() < c.not_after);
     let request = Request {
         node,
         provider_id,
         signer_name: &signer,
         expiration_seconds,
-        timeout: args.timeout,
+        timeout: if renewing {
+            args.timeout.min(args.renewal_timeout)
+        } else {
+            args.timeout
+        },
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -413,4 +449,48 @@ fn renew(
         let workload = client(&args.bootstrap_kubeconfig, cluster.as_ref(), identity).await?;
         obtain(&workload, &request, attestor.as_mut()).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unanswered_renewal_is_retried_sooner_in_a_short_outage_and_near_expiry() {
+        let rotate_at = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let not_after = rotate_at + time::Duration::hours(84);
+        let after = |d: time::Duration| unanswered_retry(rotate_at + d, rotate_at, not_after);
+        assert_eq!(after(time::Duration::ZERO), time::Duration::minutes(1));
+        assert_eq!(
+            after(time::Duration::minutes(-5)),
+            time::Duration::minutes(1),
+            "a clock behind"
+        );
+        assert_eq!(after(time::Duration::minutes(40)), time::Duration::minutes(10));
+        assert_eq!(after(time::Duration::hours(30)), time::Duration::hours(6));
+        assert_eq!(after(time::Duration::hours(76)), time::Duration::hours(2), "8 h left");
+        assert_eq!(after(time::Duration::hours(84)), time::Duration::minutes(1), "expired");
+    }
+
+    #[test]
+    fn a_three_day_outage_costs_a_node_about_forty_csrs_and_never_its_identity() {
+        // The default 168h certificate, renewed from 84h: each failed renewal files one CSR,
+        // the next is tried after unanswered_retry.
+        let rotate_at = OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap();
+        let not_after = rotate_at + time::Duration::hours(84);
+        let end = rotate_at + time::Duration::days(3);
+        let (mut now, mut filed, mut last_day) = (rotate_at, 0, 0);
+        while now < end {
+            filed += 1;
+            if end - now < time::Duration::days(1) {
+                last_day += 1;
+            }
+            let next = now + unanswered_retry(now, rotate_at, not_after);
+            // Wherever the outage ends, the next try comes while the certificate is valid.
+            assert!(next < not_after, "{now} -> {next}");
+            now = next;
+        }
+        assert!((30..=50).contains(&filed), "{filed} CSRs");
+        assert!(last_day <= 8, "{last_day} CSRs in the last day");
+    }
 }

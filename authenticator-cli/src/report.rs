@@ -448,6 +448,12 @@ fn render_kubeconfig(
         exec.tpm.tpm_event_log.as_ref().map(|p| p.display().to_string()),
     );
     push("--timeout", Some(humantime::format_duration(exec.timeout).to_string()));
+    // Only when changed: the kubeconfigs rendered before the flag existed stay the same.
+    push(
+        "--renewal-timeout",
+        (exec.renewal_timeout != crate::exec::DEFAULT_RENEWAL_TIMEOUT)
+            .then(|| humantime::format_duration(exec.renewal_timeout).to_string()),
+    );
     push(
         "--requested-duration",
         exec.requested_duration

@@ -144,7 +144,7 @@ async fn the_plugin_joins_caches_renews_serialises_and_reports_denials() {
             .contains("PRIVATE KEY")
     );
 
-    // Due for rotation (the same key, a certificate 70-90% through its life): renewed with the
+    // Due for rotation (the same key, a certificate past half of its life): renewed with the
     // node's own identity.
     let aging = tests::ca::make_due_for_rotation(&w.env.client_ca, &cert_dir, "worker-0", &pid("worker-0"));
     let renewed = plugin(&flags, None);

@@ -34,7 +34,8 @@ const CLIENT_SIGNER: &str = "cluster.x-k8s.io/kube-apiserver-client-kubelet-inse
 const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// The signer's `--client-cert-duration` for the first certificate: with the signer's 5-minute
-/// backdating the plugin renews 36 s to 132 s after issuance (70-90 % of 8 minutes).
+/// backdating the plugin renews 90 s to 99 s after issuance (50-55 % of the 3 minutes after the
+/// backdating, `cert_dir::rotation_point`).
 const SHORT: &str = "3m";
 /// The signer's `--client-cert-duration` once the first certificate is issued: the renewed
 /// certificate is not due again while the suite runs, so the restart check is exact.

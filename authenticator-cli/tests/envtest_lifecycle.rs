@@ -10,7 +10,7 @@
 //! is the plugin, as client-go runs it for kubelet ([`PluginNode`]); a renewal is one call after
 //! the node's certificate was made due for rotation. No kubelet runs: one kubelet per host (the
 //! kubelet suites take a host-wide lock and one node address), and a kubelet renews only once a
-//! certificate reaches 70-90% of its life (minutes, as `envtest_kubelet` shows), where this suite
+//! certificate reaches 50-55% of its life (minutes, as `envtest_kubelet` shows), where this suite
 //! renews each of its seven nodes several times in well under a minute. What a kubelet adds (it
 //! runs the same plugin the same way) is covered by `envtest_kubelet` and `envtest_kubeadm`.
 //!

@@ -2,7 +2,9 @@
 //! real signer on a real kube-apiserver: the conditions are created (a legacy auto-approve
 //! binding kept by `--keep-legacy-autoapprove`, a flood of hijack denials, then the Cluster's CA
 //! Secret gone), the matching alerts fire (their `for` shortened to 5 s), and they clear
-//! after the fix; every dashboard query returns data.
+//! after the fix; every dashboard query returns data. Then the alerts that say an outage is
+//! under way: the Cluster paused past `--paused-cluster-alert-after`, every replica gone, and a
+//! node's certificate (120 s here) past its renewal point while no replica runs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -49,7 +51,15 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
     let signer = Signer::start(
         &signer_bin(),
         &w.env,
-        &["--keep-legacy-autoapprove", "--coordination", "shard"],
+        &[
+            "--keep-legacy-autoapprove",
+            "--coordination",
+            "shard",
+            "--paused-cluster-alert-after",
+            "3s",
+            "--client-cert-duration",
+            "120s",
+        ],
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -119,14 +129,14 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
     let per_cluster = prometheus.query("count({__name__=~\"node_attestation_.+\", cluster=\"team-a/prod\"})");
     let count: f64 = per_cluster[0]["value"][1].as_str().unwrap().parse().unwrap();
     eprintln!("series with cluster=\"team-a/prod\": {count}");
-    // 11, the workload minor and whether the revoked list is missing (docs/decisions.md), and
-    // before 1.32 one per limitation the minor has (two).
+    // 11, the workload minor, whether the revoked list is missing and the identities' earliest
+    // expiry (docs/decisions.md), and before 1.32 one per limitation the minor has (two).
     let limitations = if tests::envtest::kubernetes_minor() < 32 {
         2.0
     } else {
         0.0
     };
-    assert!(count <= 13.0 + limitations, "{count} series for one cluster");
+    assert!(count <= 14.0 + limitations, "{count} series for one cluster");
 
     let ca_secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": format!("{}-ca", capi::CLUSTER), "namespace": capi::NAMESPACE}});
     let saved: Value = get(&admin, &ca_secret).await;
@@ -157,5 +167,69 @@ async fn the_alerts_fire_in_a_real_prometheus_and_clear_after_the_fix_and_every_
         &[("state", "SecretsInvalid")],
         WAIT,
     );
+
+    // A Cluster paused longer than --paused-cluster-alert-after (3 s), then unpaused.
+    let pause = |paused: bool| {
+        let annotation = if paused {
+            "cluster.x-k8s.io/paused="
+        } else {
+            "cluster.x-k8s.io/paused-"
+        };
+        let out = w.env.kubectl(&[
+            "-n",
+            capi::NAMESPACE,
+            "annotate",
+            "--overwrite",
+            "clusters.cluster.x-k8s.io",
+            capi::CLUSTER,
+            annotation,
+        ]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    pause(true);
+    prometheus.wait_alert(
+        "NodeAttestationClusterPausedLong",
+        "firing",
+        &[("cluster", "team-a/prod")],
+        WAIT,
+    );
+    pause(false);
+    prometheus.wait_alert(
+        "NodeAttestationClusterPausedLong",
+        "",
+        &[("cluster", "team-a/prod")],
+        WAIT,
+    );
+
+    // Every replica gone: the absence alert fires, and worker-0's 120 s certificate (issued at
+    // the join, never renewed: no plugin runs here) passes 55% of its life while no replica runs,
+    // which the expiry alert reads from the signer's last export.
+    let deadline = std::time::Instant::now() + WAIT;
+    while prometheus
+        .query("node_attestation_identities_earliest_expiry_timestamp_seconds{cluster=\"team-a/prod\"}")
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no earliest expiry exported\n{}",
+            signer.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut signer = signer;
+    signer.kill();
+    prometheus.wait_alert("NodeAttestationSignerAbsent", "firing", &[], WAIT);
+    prometheus.wait_alert(
+        "NodeAttestationIdentitiesExpiring",
+        "firing",
+        &[("cluster", "team-a/prod")],
+        WAIT,
+    );
+    assert!(
+        !prometheus.query("absent(node_attestation_build_info)").is_empty(),
+        "the expiry alert fires while no replica runs"
+    );
+    signer.restart();
+    prometheus.wait_alert("NodeAttestationSignerAbsent", "", &[], WAIT);
     drop(signer);
 }

@@ -215,7 +215,7 @@ pub fn node_certificate(
 }
 
 /// Makes the certificate behind `cert_dir`'s `kubelet-client-current.pem` link due for
-/// rotation: a certificate for the same key, 10 hours old with 10 minutes left (past 70-90% of
+/// rotation: a certificate for the same key, 10 hours old with 10 minutes left (past 50-55% of
 /// its life), written beside it and linked as current. Returns the new certificate's PEM.
 pub fn make_due_for_rotation(ca: &TestCa, cert_dir: &Path, node: &str, provider_id: &str) -> String {
     let current = cert_dir.join("kubelet-client-current.pem");

@@ -10,7 +10,7 @@
 //! kubelet kubeconfig whose user is the plugin, as client-go runs it for kubelet
 //! (`provideClusterInfo`), so each call is one exec-plugin call, and a certificate made due for
 //! rotation ([`crate::ca::make_due_for_rotation`]) is renewed on the next one as kubelet would
-//! see it renewed at 70-90% of its life, without waiting for it.
+//! see it renewed from half of its life, without waiting for it.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -539,7 +539,7 @@ impl PluginNode {
     }
 
     /// Its current certificate made due for rotation (same key, 10 minutes left): the next
-    /// call renews, as kubelet's would at 70-90% of the certificate's life.
+    /// call renews, as kubelet's would from half of the certificate's life.
     pub fn due_for_rotation(&self, env: &Envtest) {
         crate::ca::make_due_for_rotation(&env.client_ca, &self.cert_dir(), &self.name, &self.provider_id);
     }

@@ -29,6 +29,12 @@ pub struct ClusterView {
     /// How the Cluster is paused, `None` when it is not: the signer then decides and writes
     /// nothing for it (SPEC section 7, "Paused Clusters").
     pub paused: Option<Paused>,
+    /// Since when it is paused, as Cluster API's own controllers recorded it: the
+    /// `lastTransitionTime` of its `Paused` condition while that is `True` (Cluster API sets it
+    /// on the Cluster: `EnsurePausedCondition` in `util/paused/paused.go`; v1beta1 Clusters keep
+    /// it in `status.v1beta2.conditions`). `None` when not paused, or paused before a Cluster
+    /// API that writes the condition saw it: the fleet then counts from when it first saw it.
+    pub paused_since: Option<time::OffsetDateTime>,
     /// The `tpm/v1` boot policy (SPEC section 5, revision 5): as the annotation names it
     /// (unresolved), until the signer reads the ConfigMap (or its default) for a decision.
     pub boot_policy: crate::tpm::boot_policy::PolicyState,
@@ -98,6 +104,7 @@ impl ClusterView {
             kubelet_annotations: std::collections::BTreeMap::new(),
             boot_policy: crate::tpm::boot_policy::PolicyState::None,
             paused: None,
+            paused_since: None,
         }
     }
 
@@ -156,6 +163,7 @@ impl ClusterView {
             allowed_attestors,
             kubelet_annotations,
             paused: Paused::of(object),
+            paused_since: Paused::of(object).and_then(|_| paused_condition_since(object)),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -166,6 +174,23 @@ impl ClusterView {
     pub fn allows(&self, provider: &str) -> bool {
         self.allowed_attestors.iter().any(|a| a == provider)
     }
+}
+
+/// The `lastTransitionTime` of a `True` `Paused` condition, in v1beta2's `status.conditions` or
+/// v1beta1's `status.v1beta2.conditions`.
+fn paused_condition_since(object: &Value) -> Option<time::OffsetDateTime> {
+    ["/status/conditions", "/status/v1beta2/conditions"]
+        .iter()
+        .filter_map(|pointer| object.pointer(pointer)?.as_array())
+        .flatten()
+        .filter(|c| {
+            c.get("type").and_then(Value::as_str) == Some("Paused")
+                && c.get("status").and_then(Value::as_str) == Some("True")
+        })
+        .find_map(|c| {
+            let at = c.get("lastTransitionTime")?.as_str()?;
+            time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).ok()
+        })
 }
 
 /// The prefix of the Cluster annotations a [`ClusterView`] keeps.
@@ -183,6 +208,40 @@ mod tests {
             "annotations": {"cluster.x-k8s.io/kubelet-authentication": "true"}}});
         let view = ClusterView::from_object(&c).unwrap();
         assert!(view.opted_in && view.allows("tpm") && !view.allows("insecure"));
+    }
+
+    #[test]
+    fn a_pause_dates_from_cluster_apis_paused_condition_in_either_version() {
+        let condition = json!([{"type": "Paused", "status": "True", "reason": "Paused",
+            "lastTransitionTime": "2026-12-01T10:00:00Z"}]);
+        let since = |version: &str, paused: bool, status: Value| {
+            let object = json!({"apiVersion": format!("cluster.x-k8s.io/{version}"), "kind": "Cluster",
+                "metadata": {"name": "c", "namespace": "ns"}, "spec": {"paused": paused}, "status": status});
+            ClusterView::from_object(&object).unwrap().paused_since
+        };
+        let at = time::macros::datetime!(2026-12-01 10:00:00 UTC);
+        assert_eq!(
+            since("v1beta2", true, json!({"conditions": condition.clone()})),
+            Some(at)
+        );
+        assert_eq!(
+            since("v1beta1", true, json!({"v1beta2": {"conditions": condition.clone()}})),
+            Some(at)
+        );
+        assert_eq!(
+            since("v1beta2", true, json!({})),
+            None,
+            "no condition: the fleet counts"
+        );
+        assert_eq!(
+            since("v1beta2", false, json!({"conditions": condition})),
+            None,
+            "a stale condition of an unpaused Cluster counts for nothing"
+        );
+        let not_true = json!([{"type": "Paused", "status": "False", "lastTransitionTime": "2026-12-01T10:00:00Z"}]);
+        assert_eq!(since("v1beta2", true, json!({"conditions": not_true})), None);
+        let garbage = json!([{"type": "Paused", "status": "True", "lastTransitionTime": "yesterday"}]);
+        assert_eq!(since("v1beta2", true, json!({"conditions": garbage})), None);
     }
 
     #[test]

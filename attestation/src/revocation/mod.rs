@@ -14,6 +14,7 @@
 //! Admission never sees reads: a revoked certificate still reads what the Node authorizer grants
 //! its node name until it expires (`docs/revocation.md`).
 
+pub mod identity_expiry;
 pub mod record;
 pub mod revoked_list;
 pub mod triggers;

@@ -34,6 +34,11 @@ pub struct RunArgs {
     /// Longest client certificate lifetime.
     #[arg(long, env = "SIGNER_CLIENT_CERT_DURATION", default_value = "168h", value_parser = humantime::parse_duration)]
     pub client_cert_duration: std::time::Duration,
+    /// How long a Cluster may stay paused before `NodeAttestationClusterPausedLong` fires: the
+    /// signer exports it (`node_attestation_paused_cluster_alert_after_seconds`) for the rule to
+    /// compare with, so the threshold is set here rather than by patching the rule.
+    #[arg(long, env = "SIGNER_PAUSED_CLUSTER_ALERT_AFTER", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub paused_cluster_alert_after: std::time::Duration,
     /// How long transient gaps are retried before a CSR is denied `Expired`.
     #[arg(long, env = "SIGNER_CSR_MAX_AGE", default_value = "15m", value_parser = humantime::parse_duration)]
     pub csr_max_age: std::time::Duration,

@@ -184,6 +184,17 @@ pub struct Metrics {
     revoked_listed: Family<ClusterLabels, Gauge>,
     revocation_list_missing: Family<ClusterLabels, Gauge>,
     certificates_unrecorded: Family<ClusterLabels, Counter>,
+    build_info: Family<BuildLabels, Gauge>,
+    client_certificate_duration: Gauge,
+    paused_alert_after: Gauge,
+    paused_since: Family<ClusterLabels, Gauge>,
+    identities_earliest_expiry: Family<ClusterLabels, Gauge>,
+}
+
+/// The running build: one series, always 1, so that `absent()` says every replica is gone.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
 }
 
 /// Labels of a revoked certificate.
@@ -242,7 +253,18 @@ impl Metrics {
             revoked_listed: Family::default(),
             revocation_list_missing: Family::default(),
             certificates_unrecorded: Family::default(),
+            build_info: Family::default(),
+            client_certificate_duration: Gauge::default(),
+            paused_alert_after: Gauge::default(),
+            paused_since: Family::default(),
+            identities_earliest_expiry: Family::default(),
         };
+        metrics
+            .build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         let r = registry.sub_registry_with_prefix("node_attestation");
         r.register(
             "decisions",
@@ -400,7 +422,72 @@ impl Metrics {
             "Certificates issued without a record because the workload cluster refused the signer its record ConfigMaps (its RBAC predates revocation): they cannot be revoked",
             metrics.certificates_unrecorded.clone(),
         );
+        r.register(
+            "build_info",
+            "1, labelled with the signer's version: every replica exports it, so its absence from every scrape means no replica runs (NodeAttestationSignerAbsent)",
+            metrics.build_info.clone(),
+        );
+        r.register(
+            "client_certificate_duration_seconds",
+            "The lifetime this replica gives client certificates (--client-cert-duration): nodes tolerate an outage of 45% of it (the plugin renews from half of it)",
+            metrics.client_certificate_duration.clone(),
+        );
+        r.register(
+            "paused_cluster_alert_after_seconds",
+            "How long a Cluster may stay paused before NodeAttestationClusterPausedLong fires (--paused-cluster-alert-after)",
+            metrics.paused_alert_after.clone(),
+        );
+        r.register(
+            "cluster_paused_since_timestamp_seconds",
+            "When each paused Cluster this replica owns was paused (its Paused condition's lastTransitionTime, else when this replica first saw it paused), in seconds since the epoch: its nodes renew nothing meanwhile",
+            metrics.paused_since.clone(),
+        );
+        r.register(
+            "identities_earliest_expiry_timestamp_seconds",
+            "For each served Cluster, when the first of its live nodes' newest recorded certificates expires, in seconds since the epoch: the moment a node loses its identity if nothing renews before",
+            metrics.identities_earliest_expiry.clone(),
+        );
         metrics
+    }
+
+    /// The lifetime given to client certificates (`--client-cert-duration`).
+    pub fn client_certificate_duration(&self, duration: std::time::Duration) {
+        self.client_certificate_duration
+            .set(i64::try_from(duration.as_secs()).unwrap_or(i64::MAX));
+    }
+
+    /// How long a Cluster may stay paused before the alert (`--paused-cluster-alert-after`).
+    pub fn paused_cluster_alert_after(&self, after: std::time::Duration) {
+        self.paused_alert_after
+            .set(i64::try_from(after.as_secs()).unwrap_or(i64::MAX));
+    }
+
+    /// When each paused Cluster this replica owns was paused; the others lose their series.
+    pub fn paused_since(&self, paused: &[(String, i64)]) {
+        self.paused_since.clear();
+        for (cluster, since) in paused {
+            self.paused_since
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.clone(),
+                })
+                .set(*since);
+        }
+    }
+
+    /// When the first of `cluster`'s live nodes loses its identity without a renewal; `None`
+    /// (no recorded certificate of a live node) removes the series.
+    pub fn identities_earliest_expiry(&self, cluster: &str, at: Option<i64>) {
+        let labels = ClusterLabels {
+            cluster: cluster.to_owned(),
+        };
+        match at {
+            Some(at) => {
+                self.identities_earliest_expiry.get_or_create(&labels).set(at);
+            }
+            None => {
+                self.identities_earliest_expiry.remove(&labels);
+            }
+        }
     }
 
     /// Counts a certificate of `cluster` issued unrecorded.
@@ -624,6 +711,7 @@ impl Metrics {
         self.revoked_listed.remove(&labels);
         self.revocation_list_missing.remove(&labels);
         self.certificates_unrecorded.remove(&labels);
+        self.identities_earliest_expiry.remove(&labels);
         for reason in attestation::revocation::RevokeReason::ALL {
             self.certificates_revoked.remove(&RevokedLabels {
                 cluster: cluster.to_owned(),

@@ -120,6 +120,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
 async fn serve(args: &RunArgs) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::register(&mut registry);
+    metrics.client_certificate_duration(args.client_cert_duration);
+    metrics.paused_cluster_alert_after(args.paused_cluster_alert_after);
     let ready = Arc::new(AtomicBool::new(false));
     let registry = Arc::new(registry);
     let endpoints = http::Endpoints {

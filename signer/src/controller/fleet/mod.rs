@@ -97,8 +97,9 @@ pub struct Fleet {
     opted_in: Option<HashSet<String>>,
     /// What was last read of each opted-in Cluster's Secrets.
     secrets: SecretReads,
-    /// Keys of the Clusters assigned to this replica that were paused at the last reconcile.
-    paused: HashSet<String>,
+    /// Keys of the Clusters assigned to this replica that were paused at the last reconcile,
+    /// and since when ([`ClusterView::paused_since`], else when this replica first saw it).
+    paused: HashMap<String, time::OffsetDateTime>,
 }
 
 impl Fleet {
@@ -112,7 +113,7 @@ impl Fleet {
             problems: HashMap::new(),
             owned: HashSet::new(),
             opted_in: None,
-            paused: HashSet::new(),
+            paused: HashMap::new(),
         }
     }
 
@@ -147,7 +148,7 @@ impl Fleet {
             .problems
             .keys()
             .chain(self.running.keys())
-            .chain(&self.paused)
+            .chain(self.paused.keys())
             .cloned()
             .collect();
         let view = self.scope.view();
@@ -277,7 +278,7 @@ impl Fleet {
         }
         for k in before
             .iter()
-            .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k) && !self.paused.contains(*k))
+            .filter(|k| !problems.contains_key(*k) && !self.running.contains_key(*k) && !self.paused.contains_key(*k))
         {
             if opted_in_now.contains(k) {
                 tracing::info!(cluster = %k, "no longer served");
@@ -296,17 +297,23 @@ impl Fleet {
     /// Event sink withhold the paused ones' Events (a stopped worker's queued ones too), and
     /// keeps the paused ones for the next pass and the `Paused` count.
     fn note_pauses(&mut self, paused: &[ClusterView], served: &HashSet<String>) {
-        let mut now_paused = HashSet::new();
+        let mut now_paused = HashMap::new();
+        let now = time::OffsetDateTime::now_utc();
         for cluster in paused {
             let k = cluster.key();
-            if !self.paused.contains(&k) {
+            let seen_since = self.paused.get(&k).copied();
+            if seen_since.is_none() {
                 let how = cluster.paused.map(|p| p.to_string()).unwrap_or_default();
                 tracing::info!(cluster = %k, paused = %how, "Cluster paused: its worker is stopped, its CSRs stay pending and nothing is written for it until it is unpaused");
                 self.shared.metrics.forget_cluster(&k);
             }
-            now_paused.insert(k);
+            // Cluster API's own record of the pause when it wrote one; otherwise the first time
+            // this replica saw it (a replica started later, or taking the Cluster over, counts
+            // from then: the pause may be older than it says, never newer).
+            let since = cluster.paused_since.or(seen_since).unwrap_or(now);
+            now_paused.insert(k, since);
         }
-        for k in self.paused.iter().filter(|k| served.contains(*k)) {
+        for k in self.paused.keys().filter(|k| served.contains(*k)) {
             tracing::info!(cluster = %k, "Cluster unpaused: serving it again");
         }
         self.shared
@@ -332,6 +339,12 @@ impl Fleet {
             i64::try_from(self.paused.len()).unwrap_or(i64::MAX),
         ));
         self.shared.metrics.cluster_states(&counts);
+        let paused: Vec<(String, i64)> = self
+            .paused
+            .iter()
+            .map(|(cluster, since)| (cluster.clone(), since.unix_timestamp()))
+            .collect();
+        self.shared.metrics.paused_since(&paused);
         let cas: Vec<(String, i64)> = self
             .running
             .iter()

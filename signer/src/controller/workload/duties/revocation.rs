@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use attestation::machine::{TargetKind, TargetRef};
 use attestation::revocation::CredentialId;
+use attestation::revocation::identity_expiry;
 use attestation::revocation::record::{self, IssuedCertificate, SHARD_BYTES};
 use attestation::revocation::revoked_list::{self, ListChange};
 use attestation::revocation::triggers::{self, Nodes};
@@ -317,6 +318,10 @@ impl Worker {
         let listed = state.listed.as_ref()?;
         let revoked = triggers::revoked(issued.values(), &inventory, nodes, now);
         let live = triggers::live_node_names(&inventory);
+        // The same look tells when the first live node loses its identity without a renewal.
+        let revoked_ids: HashSet<CredentialId> = revoked.iter().map(|r| r.certificate.id).collect();
+        let deadline = identity_expiry::earliest_identity_expiry(issued.values(), &revoked_ids, &live, now);
+        self.shared.metrics.identities_earliest_expiry(&self.key, deadline);
         Some(revoked_list::change(
             listed,
             &revoked,
