@@ -351,19 +351,20 @@ pub const DEFAULT_RENEWAL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long after a renewal that failed without a denial (the signer or the management cluster
 /// away, a network error, a timeout) the next one is tried: a quarter of the time since the
-/// rotation point, at most a quarter of the time left, from 1 minute to 6 hours. Each try files
-/// a CSR, an outage may last days (the outage tolerance is 45% of the lifetime), and the signer
-/// decides every CSR still pending when it returns: retrying each minute would leave thousands of
-/// CSRs per node for it. This way a three-day outage files about 40 per node (those older than a
-/// day deleted by kube-controller-manager's cleaner, so a handful pending at its end); a node
-/// retries within minutes of a short outage's end, and never waits past a quarter of the life
-/// its certificate has left.
+/// rotation point (at least a minute, at most 6 hours), but never more than a quarter of the
+/// time the certificate has left (nor less than 5 seconds). Each try files a CSR, an outage may
+/// last days (the outage tolerance is 45% of the lifetime), and the signer decides every CSR
+/// still pending when it returns: retrying each minute would leave thousands of CSRs per node for
+/// it. This way a three-day outage files about 40 per node (those older than a day deleted by
+/// kube-controller-manager's cleaner, so a handful pending at its end); a node retries within
+/// minutes of a short outage's end, and more often as its certificate nears its end, so the
+/// signer's return always finds it trying.
 pub fn unanswered_retry(now: OffsetDateTime, rotate_at: OffsetDateTime, not_after: OffsetDateTime) -> time::Duration {
     let since: time::Duration = (now - rotate_at).max(time::Duration::ZERO);
     let left: time::Duration = (not_after - now).max(time::Duration::ZERO);
     let (since, left): (time::Duration, time::Duration) = (since / 4, left / 4);
-    let delay = since.min(left);
-    delay.clamp(time::Duration::minutes(1), time::Duration::hours(6))
+    let widening = since.clamp(time::Duration::minutes(1), time::Duration::hours(6));
+    widening.min(left).max(time::Duration::seconds(5))
 }
 
 /// How soon client-go asks again while an adoption waits for the Node to register.
@@ -469,7 +470,13 @@ mod tests {
         assert_eq!(after(time::Duration::minutes(40)), time::Duration::minutes(10));
         assert_eq!(after(time::Duration::hours(30)), time::Duration::hours(6));
         assert_eq!(after(time::Duration::hours(76)), time::Duration::hours(2), "8 h left");
-        assert_eq!(after(time::Duration::hours(84)), time::Duration::minutes(1), "expired");
+        assert_eq!(after(time::Duration::hours(84)), time::Duration::seconds(5), "expired");
+        // A short certificate (the suites' 3 minutes): a minute's wait would outlast it.
+        let short_end = rotate_at + time::Duration::seconds(80);
+        assert_eq!(
+            unanswered_retry(rotate_at + time::Duration::seconds(20), rotate_at, short_end),
+            time::Duration::seconds(15)
+        );
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! certificate; with 3-minute client certificates it renews through the plugin as the node
 //! and stays Ready past the first certificate's expiry; a restart files no CSR; and no CSR of
 //! the legacy `kubernetes.io/kube-apiserver-client-kubelet` signer appears at any point.
+//!
+//! The signer is down from the first issuance until 72% of that certificate's life has passed
+//! (SPEC section 6, outage tolerance): through the rotation point the plugin's renewals go
+//! unanswered, it answers the certificate it has, and kubelet keeps its Lease and the Node
+//! Ready; when the signer returns the node renews.
 
 #![allow(clippy::unwrap_used)]
 
@@ -20,8 +25,8 @@ use serde_json::json;
 use tests::capi;
 use tests::envtest::Envtest;
 use tests::kubelet::{
-    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, der, node, now, now_micros, ready_past, secs,
-    validity, wait_current, wait_renewed_and_ready,
+    Containerd, ControllerManager, CsrRecorder, Host, Kubelet, NODE_IP, der, lease_renewed, node, now, now_micros,
+    ready, ready_past, secs, validity, wait_current, wait_renewed_and_ready,
 };
 use tests::live::{self, Signer, Workload, apply};
 use tests::strict_der::assert_strict_der_pem;
@@ -35,10 +40,10 @@ const LEGACY_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
 /// The signer's `--client-cert-duration` for the first certificate: with the signer's 5-minute
 /// backdating the plugin renews 90 s to 99 s after issuance (50-55 % of the 3 minutes after the
-/// backdating, `cert_dir::rotation_point`).
+/// backdating, `cert_dir::rotation_point`), while the signer is down (until 130 s).
 const SHORT: &str = "3m";
-/// The signer's `--client-cert-duration` once the first certificate is issued: the renewed
-/// certificate is not due again while the suite runs, so the restart check is exact.
+/// The signer's `--client-cert-duration` once it returns: the renewed certificate is not due
+/// again while the suite runs, so the restart check is exact.
 const LONG: &str = "1h";
 
 fn signer_bin() -> PathBuf {
@@ -138,10 +143,9 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
             diagnostics(&kubelet, &signer, &kcm, &containerd)
         );
     };
-    // From now on the signer issues long certificates (the first one stays short).
+    // The outage begins: the signer is down until 72% of the first certificate's life.
     signer.kill();
-    signer = Signer::start(&signer_bin(), &w.env, &signer_flags(LONG)).await;
-    recorder.pid(signer.pid().unwrap());
+    let outage_began = Instant::now();
     let (first_at, first_pem) = first.issued.clone().unwrap();
     assert!(
         first.username.starts_with("system:bootstrap:"),
@@ -185,6 +189,55 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
     );
     let ready_after = started.elapsed();
 
+    // 3. Through the outage, past the rotation point: the plugin's renewals are filed and go
+    // unanswered (each gives up after --renewal-timeout, 20 s, and answers the certificate it
+    // has), and kubelet keeps renewing its Lease within 40 s and the Node Ready.
+    let life = first_not_after - (first_not_before + 5 * 60);
+    let outage_end = first_not_after - life * 28 / 100;
+    let mut lapses = Vec::new();
+    let mut longest_lease_gap = 0;
+    while now() < outage_end {
+        let renewed = lease_renewed(&w.admin, NODE).await.unwrap_or(0);
+        let gap = now_micros() - renewed;
+        longest_lease_gap = longest_lease_gap.max(gap);
+        let is_ready = node(&w.admin, NODE).await.is_some_and(|n| ready(&n));
+        if gap > 40_000_000 || !is_ready {
+            lapses.push(format!(
+                "at {}s: Lease {} s old, Ready {is_ready}",
+                now() - first_not_before - 300,
+                gap / 1_000_000
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let outage = outage_began.elapsed();
+    assert!(
+        lapses.is_empty(),
+        "the node lapsed during the signer's outage: {lapses:?}\n{}",
+        diagnostics(&kubelet, &signer, &kcm, &containerd)
+    );
+    assert!(
+        outage.as_secs_f64() > 0.7 * life as f64,
+        "an outage of {outage:?} is not 70% of a {life} s life"
+    );
+    let unanswered: Vec<_> = csrs
+        .of(CLIENT_SIGNER)
+        .into_iter()
+        .filter(|s| s.username == USER)
+        .collect();
+    assert!(
+        !unanswered.is_empty() && unanswered.iter().all(|s| s.issued.is_none() && s.refused.is_none()),
+        "the plugin tried to renew during the outage, and nothing answered: {unanswered:?}\n{}",
+        kubelet.log()
+    );
+    assert!(
+        wait_current(&pki, &first_pem, Duration::from_secs(1)).await,
+        "the plugin kept the first certificate"
+    );
+    // The signer returns, issuing long certificates from now on.
+    signer = Signer::start(&signer_bin(), &w.env, &signer_flags(LONG)).await;
+    recorder.pid(signer.pid().unwrap());
+
     // 2. The serving CSR: filed by the node (so kubelet's identity is the plugin's), approved
     // by the signer, signed by kube-controller-manager with the cluster CA; kubelet serves it.
     let Some(serving) = csrs
@@ -222,17 +275,27 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
     let on_disk = std::fs::read_to_string(pki.join("kubelet-server-current.pem")).unwrap();
     assert_eq!(der(&on_disk), der(&serving_pem), "kubelet-server-current.pem");
 
-    // 4. Renewal through the plugin, as the node, before the first certificate expires.
-    let until_expiry = Duration::from_secs(u64::try_from(first_not_after - now()).unwrap_or(0));
-    let Some(renewal) = csrs
-        .wait_issued(until_expiry, |s| s.signer == CLIENT_SIGNER && s.username == USER)
-        .await
-    else {
-        panic!(
+    // 4. Renewal through the plugin, as the node, before the first certificate expires: the
+    // certificate of one of its renewal CSRs (the returning signer issues those still pending
+    // from the outage too; the plugin takes the one it waits for) is its current one.
+    let deadline = Instant::now() + Duration::from_secs(u64::try_from(first_not_after - now()).unwrap_or(0));
+    let renewal = loop {
+        let current = std::fs::read_to_string(pki.join("kubelet-client-current.pem")).unwrap_or_default();
+        let taken = csrs.of(CLIENT_SIGNER).into_iter().find(|s| {
+            s.username == USER
+                && current.contains("CERTIFICATE")
+                && s.issued.as_ref().is_some_and(|(_, pem)| der(pem) == der(&current))
+        });
+        if let Some(renewal) = taken {
+            break renewal;
+        }
+        assert!(
+            Instant::now() < deadline,
             "kubelet did not renew before the first certificate expired: {:?}\n{}",
             csrs.of(CLIENT_SIGNER),
             diagnostics(&kubelet, &signer, &kcm, &containerd)
         );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let (renewed_at, renewed_pem) = renewal.issued.clone().unwrap();
     let (_, renewed_not_after, subject) = validity(&renewed_pem);
@@ -286,8 +349,9 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         "a restart files no CSR"
     );
 
-    // 3. Over the whole run: one bootstrap CSR, one renewal, one serving CSR; nothing for the
-    // legacy kubelet signer, nothing refused.
+    // Over the whole run: one bootstrap CSR, the renewals (one taken; those the outage left
+    // pending issued too), one serving CSR; nothing for the legacy kubelet signer, nothing
+    // refused.
     let all = csrs.all();
     assert!(
         csrs.of(LEGACY_SIGNER).is_empty(),
@@ -295,7 +359,7 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         csrs.of(LEGACY_SIGNER)
     );
     let client = csrs.of(CLIENT_SIGNER);
-    assert_eq!(client.len(), 2, "{client:?}");
+    assert!(client.len() >= 2, "{client:?}");
     assert_eq!(
         client
             .iter()
@@ -305,7 +369,7 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         "exactly one client CSR with the bootstrap token"
     );
     assert_eq!(csrs.of(SERVING_SIGNER).len(), 1);
-    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(all.len(), client.len() + 1, "{all:?}");
     assert!(all.iter().all(|s| s.refused.is_none()), "{all:?}");
     assert!(
         client
@@ -319,7 +383,7 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         "envtest_kubelet timings: setup (apiserver, CRDs, signer, kube-controller-manager, containerd) {}; \
          kubelet start to client CSR filed {}, filed to issued {}; kubelet start to Node registered {}, to Ready {}; \
          serving CSR filed to approved {}, to issued {}, issued to served {}; \
-         renewal filed {} after the first issuance, filed to issued {}; first issuance to Ready past its expiry {}; \
+         signer down {} ({} renewal CSRs unanswered, longest Lease gap {} s); renewal taken filed {} after the first issuance, filed to issued {}; first issuance to Ready past its expiry {}; \
          restart to Lease renewed {}; snapshotter {}, node address on a {} link; total {}",
         secs(setup),
         secs(first.first_seen - started),
@@ -329,6 +393,9 @@ async fn a_real_kubelet_joins_serves_renews_and_restarts_through_the_plugin() {
         secs(serving.approved.unwrap() - serving.first_seen),
         secs(serving_at - serving.first_seen),
         secs(served_after),
+        secs(outage),
+        unanswered.len(),
+        longest_lease_gap / 1_000_000,
         secs(renewal.first_seen - first_at),
         secs(renewed_at - renewal.first_seen),
         secs(past_expiry),

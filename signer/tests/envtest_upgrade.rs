@@ -23,7 +23,8 @@
 //! ordered by UID); here the newest first. The second old pod hangs on SIGTERM (stopped), so the
 //! kubelet SIGKILLs it after the grace period and its Lease is left to expire: the one SIGKILL.
 //! Old and new replicas run the same build (there is no older one to run): what is tested is the
-//! turnover, not a skew between versions.
+//! turnover, not a skew between versions. A new replica is ready only once it serves its share
+//! (`fleet::readiness`): at its first ready probe it owns Clusters and none is still listed.
 //!
 //! Afterwards every CSR has ended (issued, or denied for the rule it broke: a duplicate join
 //! `MachineAlreadyClaimed`), every Machine has exactly one certificate from a join (renewals by
@@ -431,6 +432,17 @@ async fn a_rolling_update_of_the_signer_loses_no_csr_and_signs_nothing_twice() {
         let new = pods.iter().position(|p| p.name == NEW[step]).unwrap();
         let ready_at = available(&pods[new], next_started).await;
         let probe_wait = ready_at - next_started;
+        // Ready means it serves its share (fleet::readiness): the shard gave it Clusters, and
+        // each has a worker past listing its objects, before the old replica is stopped.
+        let at_ready = pods[new].signer.metrics();
+        let owned = metric(&at_ready, "node_attestation_shard_clusters_owned");
+        let listing = metric(&at_ready, "node_attestation_clusters{state=\"Listing\"}");
+        let counted = metric(&at_ready, "node_attestation_clusters{");
+        assert!(
+            owned >= 1.0 && listing == 0.0 && counted == owned,
+            "{} ready before serving its share: {owned} owned, {counted} counted, {listing} listing",
+            NEW[step]
+        );
         // The old ReplicaSet down by one: the kubelet stops one old pod (newest first). The
         // second hangs on SIGTERM and is SIGKILLed after the grace period.
         let old = pods.iter().position(|p| p.name == OLD[2 - step]).unwrap();

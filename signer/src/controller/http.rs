@@ -18,7 +18,8 @@ use tokio::net::TcpListener;
 pub struct Endpoints {
     /// The metrics registry.
     pub registry: Arc<Registry>,
-    /// Set once the signer has started (its management client works).
+    /// Set once the signer has started (its management client works) and, sharded or alone,
+    /// once it serves its share (`fleet::readiness`).
     pub ready: Arc<AtomicBool>,
 }
 
@@ -34,7 +35,7 @@ fn respond(endpoints: &Endpoints, path: &str) -> Response<Full<Bytes>> {
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
-            "not ready: management cluster not reached yet\n".to_owned(),
+            "not ready: the management cluster not reached yet, or this replica's share of the Clusters not taken up yet\n".to_owned(),
         ),
         _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".to_owned()),
     };

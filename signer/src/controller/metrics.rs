@@ -908,6 +908,36 @@ mod tests {
     }
 
     #[test]
+    fn the_outage_series_are_exposed_and_follow_their_clusters() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.client_certificate_duration(std::time::Duration::from_secs(168 * 3600));
+        m.paused_cluster_alert_after(std::time::Duration::from_secs(86_400));
+        m.paused_since(&[("team-a/prod".into(), 1_800_000_000), ("team-a/dev".into(), 1)]);
+        m.paused_since(&[("team-a/prod".into(), 1_800_000_000)]);
+        m.identities_earliest_expiry("team-a/prod", Some(1_900_000_000));
+        m.identities_earliest_expiry("team-a/dev", Some(1_900_000_000));
+        m.identities_earliest_expiry("team-a/dev", None);
+        m.identities_earliest_expiry("team-a/gone", Some(1));
+        m.forget_cluster("team-a/gone");
+        let text = encode(&registry);
+        for line in [
+            concat!(
+                r#"node_attestation_build_info{version=""#,
+                env!("CARGO_PKG_VERSION"),
+                r#""} 1"#
+            ),
+            "node_attestation_client_certificate_duration_seconds 604800",
+            "node_attestation_paused_cluster_alert_after_seconds 86400",
+            r#"node_attestation_cluster_paused_since_timestamp_seconds{cluster="team-a/prod"} 1800000000"#,
+            r#"node_attestation_identities_earliest_expiry_timestamp_seconds{cluster="team-a/prod"} 1900000000"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert!(!text.contains("team-a/dev") && !text.contains("team-a/gone"), "{text}");
+    }
+
+    #[test]
     fn shard_gauges_and_handovers_are_exposed() {
         let mut registry = Registry::default();
         let m = Metrics::register(&mut registry);

@@ -151,10 +151,15 @@ async fn serve(args: &RunArgs) -> Result<()> {
         .apiserver_version()
         .await
         .context("the management cluster's apiserver does not answer")?;
-    ready.store(true, Ordering::Relaxed);
     let replica = replica_name(args);
     let identity = identity(&replica);
     let sharded = args.leader_elect && args.coordination == Coordination::Shard;
+    // Ready now when leader-elected (a standby serves nothing and must be ready for a rollout to
+    // go on); otherwise once this replica serves its share (fleet::readiness).
+    let leader_elected = args.leader_elect && !sharded;
+    if leader_elected {
+        ready.store(true, Ordering::Relaxed);
+    }
     if !args.leader_elect && args.coordination == Coordination::Shard {
         tracing::warn!("--coordination=shard is ignored with --leader-elect=false: this process serves every cluster");
     }
@@ -279,7 +284,13 @@ async fn serve(args: &RunArgs) -> Result<()> {
         Some(membership) => fleet::scope::Scope::Shard(membership.view()),
         None => fleet::scope::Scope::Everything,
     };
-    let fleet = tokio::spawn(fleet::Fleet::new(shared, scope).run());
+    let fleet = fleet::Fleet::new(shared, scope);
+    let fleet = if leader_elected {
+        fleet
+    } else {
+        fleet.ready_when_serving(Arc::clone(&ready))
+    };
+    let fleet = tokio::spawn(fleet.run());
 
     let lost = async {
         match leadership.as_mut() {

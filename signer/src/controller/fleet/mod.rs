@@ -52,6 +52,7 @@
 
 pub mod credentials;
 pub mod membership;
+pub mod readiness;
 pub mod scope;
 pub mod shard;
 
@@ -100,6 +101,8 @@ pub struct Fleet {
     /// Keys of the Clusters assigned to this replica that were paused at the last reconcile,
     /// and since when ([`ClusterView::paused_since`], else when this replica first saw it).
     paused: HashMap<String, time::OffsetDateTime>,
+    /// `/readyz`'s flag, when readiness waits for the share ([`Fleet::ready_when_serving`]).
+    ready: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Fleet {
@@ -114,7 +117,16 @@ impl Fleet {
             owned: HashSet::new(),
             opted_in: None,
             paused: HashMap::new(),
+            ready: None,
         }
+    }
+
+    /// Makes `ready` (`/readyz`) say whether this replica serves its share, after each pass
+    /// ([`readiness`]). Not for a leader-elected replica: a standby serves nothing and must be
+    /// ready for a rollout to proceed.
+    pub fn ready_when_serving(mut self, ready: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        self.ready = Some(ready);
+        self
     }
 
     /// Runs forever: reconciles on every Cluster change, every membership change and every
@@ -345,6 +357,23 @@ impl Fleet {
             .map(|(cluster, since)| (cluster.clone(), since.unix_timestamp()))
             .collect();
         self.shared.metrics.paused_since(&paused);
+        if let Some(ready) = &self.ready {
+            let standing_aside = self.scope.view().is_some_and(|view| view.standing_aside());
+            let share = self.owned.iter().map(|k| match self.running.get(k) {
+                Some(r) if r.worker.state() == ClusterState::Listing => readiness::Standing::Listing,
+                Some(_) => readiness::Standing::Served,
+                None if self.problems.contains_key(k) || self.paused.contains_key(k) => readiness::Standing::HeldBack,
+                None => readiness::Standing::NotYet,
+            });
+            let serving = readiness::serves_its_share(standing_aside, share);
+            if ready.swap(serving, std::sync::atomic::Ordering::Relaxed) != serving {
+                tracing::info!(
+                    serving,
+                    owned = self.owned.len(),
+                    "readiness: serves its share: {serving}"
+                );
+            }
+        }
         let cas: Vec<(String, i64)> = self
             .running
             .iter()
