@@ -51,11 +51,15 @@ const CLUSTERCTL_CLUSTER_SCOPED: [&str; 16] = [
     "RuntimeClass",
 ];
 
-/// Runs `scripts/release --out <out>` and reads the folder it wrote.
+/// Where the rendered runbook links point (`scripts/release --docs-url`).
+const DOCS_URL: &str = "https://docs.example.org/node-attestation/v0.1.0";
+
+/// Runs `scripts/release --out <out> --docs-url DOCS_URL` and reads the folder it wrote.
 fn release(out: &Path) -> BTreeMap<String, String> {
     let run = Command::new(tests::repo_root().join("scripts/release"))
         .arg("--out")
         .arg(out)
+        .args(["--docs-url", DOCS_URL])
         .output()
         .unwrap();
     assert!(
@@ -373,7 +377,33 @@ fn the_release_renders_the_same_and_follows_the_clusterctl_contract() {
     assert!(workload.iter().any(|o| o["kind"] == "ClusterRole"), "workload RBAC");
     let prometheus = objects(&release["prometheus.yaml"]);
     let kinds: BTreeSet<&str> = prometheus.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, BTreeSet::from(["ConfigMap", "PrometheusRule"]));
+    assert_eq!(kinds, BTreeSet::from(["ConfigMap", "PodMonitor", "PrometheusRule"]));
+    // Every alert's runbook is an absolute link to its section of the published runbooks.
+    let runbooks = std::fs::read_to_string(tests::repo_root().join("docs/runbooks.md")).unwrap();
+    let sections: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(str::to_lowercase)
+        .collect();
+    let rule = prometheus.iter().find(|o| o["kind"] == "PrometheusRule").unwrap();
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let name = alert["alert"].as_str().unwrap();
+            let url = alert["annotations"]["runbook_url"].as_str().unwrap();
+            assert_eq!(url, format!("{DOCS_URL}/runbooks.md#{}", name.to_lowercase()), "{name}");
+            assert!(
+                sections.contains(&name.to_lowercase()),
+                "docs/runbooks.md has no section {name}"
+            );
+            alerts += 1;
+        }
+    }
+    assert_eq!(
+        alerts,
+        sections.len(),
+        "one runbook section per alert, and one alert per section"
+    );
     for object in &prometheus {
         assert_eq!(object["metadata"]["namespace"], NAMESPACE, "{}", describe(object));
         assert_eq!(
@@ -465,4 +495,71 @@ fn the_release_installs_and_its_variables_and_target_namespace_take_effect() {
         "restricted"
     );
     assert_service_account_works(&env, target);
+}
+
+/// The monitoring objects as the Prometheus Operator's own CRDs (v0.93, from its repository's
+/// `example/prometheus-operator-crd`, in `$PROMETHEUS_OPERATOR_CRDS`) define them: applied with
+/// strict field validation, nothing unknown, nothing pruned, and their selectors match the
+/// Deployment's pods.
+#[test]
+#[ignore = "needs KUBEBUILDER_ASSETS and PROMETHEUS_OPERATOR_CRDS: a real kube-apiserver and the Prometheus Operator's CRDs"]
+fn the_monitoring_objects_are_valid_under_the_prometheus_operators_own_crds() {
+    let crds = std::env::var("PROMETHEUS_OPERATOR_CRDS").unwrap_or_else(|_| "/opt/prometheus-operator-crds".to_owned());
+    let env = Envtest::start(SUITE);
+    for crd in [
+        "monitoring.coreos.com_podmonitors.yaml",
+        "monitoring.coreos.com_prometheusrules.yaml",
+    ] {
+        let path = Path::new(&crds).join(crd);
+        assert!(
+            path.exists(),
+            "{} is missing (PROMETHEUS_OPERATOR_CRDS)",
+            path.display()
+        );
+        kubectl_ok(&env, &["apply", "--server-side", "-f", path.to_str().unwrap()], None);
+    }
+    kubectl_ok(
+        &env,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+            "--timeout=60s",
+        ],
+        None,
+    );
+    let out = tempfile::tempdir().unwrap();
+    let release = release(out.path());
+    kubectl_ok(&env, &["create", "namespace", NAMESPACE], None);
+    let monitoring = objects(&release["prometheus.yaml"]);
+    let text =
+        serde_json::to_string(&serde_json::json!({"apiVersion": "v1", "kind": "List", "items": monitoring})).unwrap();
+    kubectl_ok(
+        &env,
+        &["apply", "--server-side", "--validate=strict", "-f", "-"],
+        Some(&text),
+    );
+    for object in &monitoring {
+        let live = get(&env, object);
+        // Nothing the schema does not know was dropped: the stored spec is the one applied.
+        if object.get("spec").is_some() {
+            assert_eq!(live["spec"], object["spec"], "{}", describe(object));
+        }
+    }
+    let pod_monitor = monitoring.iter().find(|o| o["kind"] == "PodMonitor").unwrap();
+    let defaults = components(&release, &BTreeMap::new());
+    let pod_labels = &deployment(&defaults)["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in pod_monitor["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &pod_labels[key], value,
+            "the PodMonitor selects the signer's pods by {key}"
+        );
+    }
+    let container = &deployment(&defaults)["spec"]["template"]["spec"]["containers"][0];
+    let port = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"].as_str().unwrap();
+    assert!(
+        container["ports"].as_array().unwrap().iter().any(|p| p["name"] == port),
+        "the container names its port {port}"
+    );
 }
