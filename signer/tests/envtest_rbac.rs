@@ -235,7 +235,8 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                "metadata": {"name": "cloud-credentials", "namespace": "kube-system"}, "stringData": {"key": "value"}}),
     ]);
-    let patch = r#"{"data":{"expiration":"MjAzMS0wMS0wMVQwMDowMDowMFo="}}"#;
+    // 2030-01-05T00:00:00Z: the expiration moved, as the join-token duty moves it.
+    let patch = r#"{"data":{"expiration":"MjAzMC0wMS0wNVQwMDowMDowMFo="}}"#;
     // SPEC section 7 (revision 5): no read of a Secret the signer does not manage. RBAC cannot
     // name a type or a prefix, so no Secret is readable at all, its own tokens included; it
     // reads a token with the type-testing JSON Patch the duty sends.
@@ -264,6 +265,8 @@ fn the_signer_can_do_its_job_and_nothing_near_it() {
         r#"{"data":{"token-secret":"YWFhYWFhYWFhYWFhYWFhYQ=="}}"#,
         r#"{"metadata":{"labels":{"x":"y"}}}"#,
         r#"{"data":{"auth-extra-groups":"c3lzdGVtOm1hc3RlcnM="}}"#,
+        // A token that never expires: its expiration removed.
+        r#"{"data":{"expiration":null}}"#,
     ] {
         let refusal = patch_as_signer(&signer_kubeconfig, "bootstrap-token-rbac01", &merge(bad)).expect_err(bad);
         assert!(refusal.contains("ValidatingAdmissionPolicy"), "{bad}: {refusal}");

@@ -364,5 +364,39 @@ fn join_token_lifetime(lifetime: std::time::Duration, resync: std::time::Duratio
             humantime::format_duration(resync)
         );
     }
+    if lifetime > MAX_JOIN_TOKEN_LIFETIME {
+        anyhow::bail!(
+            "--join-token-lifetime {} is longer than {}: a MachinePool's join token is kept valid at most that far ahead, so that a token the signer stops looking after expires within a week; lower it (default 48h)",
+            humantime::format_duration(lifetime),
+            humantime::format_duration(MAX_JOIN_TOKEN_LIFETIME)
+        );
+    }
     time::Duration::try_from(lifetime).context("--join-token-lifetime is too large")
+}
+
+/// The longest `--join-token-lifetime`: a join token the signer stops looking after (the Cluster
+/// opted out, the signer gone) expires within a week. The workload admission policy refuses the
+/// removal of an `expiration`; it cannot bound the value (CEL cannot decode a Secret's base64).
+const MAX_JOIN_TOKEN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_join_token_lifetime_is_bounded_both_ways() {
+        let resync = std::time::Duration::from_secs(60);
+        let hours = |h: u64| std::time::Duration::from_secs(h * 3600);
+        assert_eq!(
+            join_token_lifetime(hours(48), resync).unwrap(),
+            time::Duration::hours(48)
+        );
+        assert!(join_token_lifetime(hours(168), resync).is_ok());
+        let long = join_token_lifetime(hours(169), resync).unwrap_err().to_string();
+        assert!(long.contains("longer than 7days"), "{long}");
+        let short = join_token_lifetime(std::time::Duration::from_secs(120), resync)
+            .unwrap_err()
+            .to_string();
+        assert!(short.contains("shorter than four --resync-period"), "{short}");
+    }
 }
