@@ -56,6 +56,12 @@ async fn explainer(w: &Workload, user: &str, kubeconfigs: bool) -> PathBuf {
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("WARNING")
+                && String::from_utf8_lossy(&out.stderr).contains("cluster-admin"),
+            "explain-rbac says what it grants: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         tests::live::apply_yaml(&w.admin, &String::from_utf8_lossy(&out.stdout)).await;
         let can = |secret: &str| {
             let out = w.env.kubectl(&[
