@@ -189,6 +189,7 @@ pub struct Metrics {
     paused_alert_after: Gauge,
     paused_since: Family<ClusterLabels, Gauge>,
     identities_earliest_expiry: Family<ClusterLabels, Gauge>,
+    templated_not_opted_in: Family<ClusterLabels, Gauge>,
 }
 
 /// The running build: one series, always 1, so that `absent()` says every replica is gone.
@@ -258,6 +259,7 @@ impl Metrics {
             paused_alert_after: Gauge::default(),
             paused_since: Family::default(),
             identities_earliest_expiry: Family::default(),
+            templated_not_opted_in: Family::default(),
         };
         metrics
             .build_info
@@ -443,11 +445,28 @@ impl Metrics {
             metrics.paused_since.clone(),
         );
         r.register(
+            "cluster_templated_not_opted_in",
+            "1 for each Cluster (of this replica's share) that is not opted in although its control plane or a MachineDeployment's bootstrap template runs kubelet-authenticator: its new nodes wait for an answer no signer gives",
+            metrics.templated_not_opted_in.clone(),
+        );
+        r.register(
             "identities_earliest_expiry_timestamp_seconds",
             "For each served Cluster, when the first of its live nodes' newest recorded certificates expires, in seconds since the epoch: the moment a node loses its identity if nothing renews before",
             metrics.identities_earliest_expiry.clone(),
         );
         metrics
+    }
+
+    /// The Clusters found templated with the plugin but not opted in; the others lose their series.
+    pub fn templated_not_opted_in(&self, clusters: &[String]) {
+        self.templated_not_opted_in.clear();
+        for cluster in clusters {
+            self.templated_not_opted_in
+                .get_or_create(&ClusterLabels {
+                    cluster: cluster.clone(),
+                })
+                .set(1);
+        }
     }
 
     /// The lifetime given to client certificates (`--client-cert-duration`).

@@ -284,6 +284,12 @@ async fn serve(args: &RunArgs) -> Result<()> {
         Some(membership) => fleet::scope::Scope::Shard(membership.view()),
         None => fleet::scope::Scope::Everything,
     };
+    // Its own view of the shard (the same membership), for the Clusters that are not opted in.
+    let templated_scope = match &membership {
+        Some(membership) => fleet::scope::Scope::Shard(membership.view()),
+        None => fleet::scope::Scope::Everything,
+    };
+    let templated = tokio::spawn(fleet::templated::TemplatedScan::new(Arc::clone(&shared), templated_scope).run());
     let fleet = fleet::Fleet::new(shared, scope);
     let fleet = if leader_elected {
         fleet
@@ -311,11 +317,13 @@ async fn serve(args: &RunArgs) -> Result<()> {
     tokio::select! {
         () = membership_stopped => {
             fleet.abort();
+            templated.abort();
             bail!("the membership Lease tasks stopped; exiting so the other replicas take this share");
         }
         () = lost => {
             metrics.leader(false);
             fleet.abort();
+            templated.abort();
             // Exiting is the safe way out: a replica that lost its Lease must stop writing now,
             // and its restart re-joins the election with empty caches.
             bail!("lost the leader Lease; exiting so another replica leads");
@@ -323,6 +331,7 @@ async fn serve(args: &RunArgs) -> Result<()> {
         () = terminated() => {
             tracing::info!("terminated; stopping");
             fleet.abort();
+            templated.abort();
             // Hand this replica's share over now: the peers see the Lease deleted.
             if let Some(membership) = membership {
                 membership.leave().await;

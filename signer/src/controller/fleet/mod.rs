@@ -55,6 +55,7 @@ pub mod membership;
 pub mod readiness;
 pub mod scope;
 pub mod shard;
+pub mod templated;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -423,6 +423,14 @@ impl Management {
             .map_err(ApplyError::from_kube)
     }
 
+    /// The templates of `namespace` whose nodes would run kubelet-authenticator, read now
+    /// ([`templates::plugin_templates`]).
+    pub async fn plugin_templates(&self, namespace: &str) -> Result<Vec<templates::PluginTemplate>, ApplyError> {
+        templates::plugin_templates(&self.client, namespace)
+            .await
+            .map_err(ApplyError::from_kube)
+    }
+
     /// Whether the Cluster's objects are listed.
     pub fn listed(&self, cluster: &ClusterView) -> bool {
         read(&self.shard).listed(&cluster.namespace, &cluster.name)

@@ -78,3 +78,177 @@ async fn list_served(
     }
     Ok(None)
 }
+
+/// A template (or control plane) of a Cluster whose nodes would run kubelet-authenticator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginTemplate {
+    /// The Cluster's name (in the template's namespace).
+    pub cluster: String,
+    /// `<Kind> <name>`, for the Event.
+    pub what: String,
+}
+
+/// Whether a bootstrap template's spec runs the plugin: its name anywhere in the spec (the
+/// shipped node configuration writes a kubelet kubeconfig whose exec command is
+/// `kubelet-authenticator`, and installs it).
+pub fn carries_plugin(object: &Value) -> bool {
+    object
+        .get("spec")
+        .is_some_and(|spec| spec.to_string().contains("kubelet-authenticator"))
+}
+
+/// The templates among `control_planes` (KubeadmControlPlanes), `config_templates`
+/// (KubeadmConfigTemplates) and `deployments` (MachineDeployments) of one namespace that run the
+/// plugin, each with its Cluster: a control plane's by its owner reference to the Cluster (set by
+/// Cluster API's Cluster controller) or its `cluster.x-k8s.io/cluster-name` label; a config
+/// template's by the MachineDeployments whose bootstrap `configRef` names it (`spec.clusterName`).
+/// Pure.
+pub fn plugin_templates_of(
+    control_planes: &[Value],
+    config_templates: &[Value],
+    deployments: &[Value],
+) -> Vec<PluginTemplate> {
+    let name = |o: &Value| {
+        o.pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut found = Vec::new();
+    for kcp in control_planes.iter().filter(|o| carries_plugin(o)) {
+        let owner = kcp
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .and_then(|owners| {
+                owners
+                    .iter()
+                    .find(|o| o.get("kind").and_then(Value::as_str) == Some("Cluster"))
+            })
+            .and_then(|o| o.get("name").and_then(Value::as_str));
+        let label = kcp
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get("cluster.x-k8s.io/cluster-name"))
+            .and_then(Value::as_str);
+        if let Some(cluster) = owner.or(label) {
+            found.push(PluginTemplate {
+                cluster: cluster.to_owned(),
+                what: format!("KubeadmControlPlane {}", name(kcp)),
+            });
+        }
+    }
+    for template in config_templates.iter().filter(|o| carries_plugin(o)) {
+        let template_name = name(template);
+        for md in deployments {
+            let reference = md.pointer("/spec/template/spec/bootstrap/configRef");
+            let names_it = reference.is_some_and(|r| {
+                r.get("kind").and_then(Value::as_str) == Some("KubeadmConfigTemplate")
+                    && r.get("name").and_then(Value::as_str) == Some(template_name.as_str())
+            });
+            if let (true, Some(cluster)) = (names_it, md.pointer("/spec/clusterName").and_then(Value::as_str)) {
+                let entry = PluginTemplate {
+                    cluster: cluster.to_owned(),
+                    what: format!("KubeadmConfigTemplate {template_name}"),
+                };
+                if !found.contains(&entry) {
+                    found.push(entry);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// [`plugin_templates_of`] `namespace`, listed now. A kind whose CRD is not installed has none.
+pub(super) async fn plugin_templates(client: &Client, namespace: &str) -> Result<Vec<PluginTemplate>, kube::Error> {
+    let values = |objects: Option<Vec<DynamicObject>>| -> Vec<Value> {
+        objects
+            .unwrap_or_default()
+            .iter()
+            .map(|o| serde_json::to_value(o).unwrap_or(Value::Null))
+            .collect()
+    };
+    let control_planes = values(
+        list_served(
+            client,
+            namespace,
+            "controlplane.cluster.x-k8s.io",
+            "KubeadmControlPlane",
+            "kubeadmcontrolplanes",
+        )
+        .await?,
+    );
+    let config_templates = values(
+        list_served(
+            client,
+            namespace,
+            "bootstrap.cluster.x-k8s.io",
+            "KubeadmConfigTemplate",
+            "kubeadmconfigtemplates",
+        )
+        .await?,
+    );
+    let deployments = if config_templates.iter().any(carries_plugin) {
+        values(
+            list_served(
+                client,
+                namespace,
+                "cluster.x-k8s.io",
+                "MachineDeployment",
+                "machinedeployments",
+            )
+            .await?,
+        )
+    } else {
+        Vec::new()
+    };
+    Ok(plugin_templates_of(&control_planes, &config_templates, &deployments))
+}
+
+#[cfg(test)]
+mod plugin_template_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const PLUGIN_KUBECONFIG: &str =
+        "users:\n- name: default-auth\n  user:\n    exec:\n      command: /usr/local/bin/kubelet-authenticator\n";
+
+    #[test]
+    fn templates_running_the_plugin_are_found_with_their_clusters() {
+        let kcp = json!({"metadata": {"name": "prod-cp", "ownerReferences": [{"kind": "Cluster", "name": "prod"}]},
+            "spec": {"kubeadmConfigSpec": {"files": [{"path": "/etc/kubernetes/kubelet-authenticator.conf", "content": PLUGIN_KUBECONFIG}]}}});
+        let labelled = json!({"metadata": {"name": "dev-cp", "labels": {"cluster.x-k8s.io/cluster-name": "dev"}},
+            "spec": {"kubeadmConfigSpec": {"files": [{"content": PLUGIN_KUBECONFIG}]}}});
+        let stock = json!({"metadata": {"name": "old-cp", "ownerReferences": [{"kind": "Cluster", "name": "old"}]},
+            "spec": {"kubeadmConfigSpec": {"files": []}}});
+        let workers = json!({"metadata": {"name": "workers"}, "spec": {"template": {"spec": {"files": [{"content": PLUGIN_KUBECONFIG}]}}}});
+        let md = |cluster: &str, template: &str| {
+            json!({"spec": {"clusterName": cluster,
+            "template": {"spec": {"bootstrap": {"configRef": {"kind": "KubeadmConfigTemplate", "name": template}}}}}})
+        };
+        let found = plugin_templates_of(
+            &[kcp, labelled, stock],
+            &[workers],
+            &[
+                md("prod", "workers"),
+                md("prod", "workers"),
+                md("qa", "workers"),
+                md("qa", "other"),
+            ],
+        );
+        let pairs: Vec<(&str, &str)> = found.iter().map(|t| (t.cluster.as_str(), t.what.as_str())).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("prod", "KubeadmControlPlane prod-cp"),
+                ("dev", "KubeadmControlPlane dev-cp"),
+                ("prod", "KubeadmConfigTemplate workers"),
+                ("qa", "KubeadmConfigTemplate workers"),
+            ]
+        );
+        assert!(
+            !carries_plugin(&json!({"metadata": {"name": "kubelet-authenticator"}})),
+            "the spec, not the name"
+        );
+    }
+}
