@@ -2,9 +2,10 @@
 //! real signer and the real plugin, the clouds' services stood in for on loopback:
 //!
 //! - GCE: a metadata server that mints identity tokens with a test RSA key (the plugin reaches
-//!   it through `GCE_METADATA_HOST`), the signer fetching the matching JWKS from a loopback
-//!   HTTPS URL (`--gcp-jwks-url`, `--cloud-ca-bundle`). A node joins, its key is rotated at
-//!   Google, and its renewal makes the signer fetch the keys again; a stale token is refused.
+//!   it through `GCE_METADATA_HOST`), the signer fetching the matching JWKS at Google's own URL
+//!   through an egress proxy (`HTTPS_PROXY`) that logs the host and tunnels to a loopback
+//!   stand-in (`--cloud-ca-bundle`). A node joins, its key is rotated at Google, and its
+//!   renewal makes the signer fetch the keys again; a stale token is refused.
 //! - EC2: an IMDSv2 stand-in serving an identity document signed by a test CA (given to the
 //!   signer as `--aws-iid-certificates`) and the instance role's credentials, which come from
 //!   an `AssumeRole` in moto's STS (PyPI `moto[server]`, authentication on) whose session name
@@ -17,6 +18,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +27,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::Value;
 use tests::capi;
+use tests::connect_proxy::ConnectProxy;
 use tests::cloud::{
     AwsIdentityCa, GceInstance, GceMetadataStandIn, GoogleSigner, ImdsV2StandIn, JwksServer, document, rsa2048_body,
 };
@@ -121,10 +124,23 @@ async fn a_gce_node_joins_with_its_identity_token_and_renews_across_a_google_key
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("jwks-ca.pem");
     std::fs::write(&ca, jwks.ca_pem()).unwrap();
-    let signer = Signer::start(
+    // The signer's egress goes through a proxy (HTTPS_PROXY, as a management cluster without
+    // direct Internet access has it), which sees the host it is asked for and tunnels to the
+    // stand-in of Google's keys; the signer's TLS runs end to end with it under Google's name.
+    let egress = ConnectProxy::start(HashMap::from([("www.googleapis.com:443".to_owned(), jwks.address())]));
+    let signer = Signer::start_with_env(
         &signer_bin(),
         &w.env,
-        &["--gcp-jwks-url", &jwks.url(), "--cloud-ca-bundle", ca.to_str().unwrap()],
+        &[
+            "--gcp-jwks-url",
+            "https://www.googleapis.com/oauth2/v3/certs",
+            "--cloud-ca-bundle",
+            ca.to_str().unwrap(),
+        ],
+        vec![
+            ("HTTPS_PROXY".to_owned(), egress.url()),
+            ("NO_PROXY".to_owned(), "127.0.0.1,localhost".to_owned()),
+        ],
     )
     .await;
     let bootstrap = w.env.bootstrap_kubeconfig(live::TOKEN);
@@ -138,6 +154,11 @@ async fn a_gce_node_joins_with_its_identity_token_and_renews_across_a_google_key
     assert_eq!(metadata.tokens(), 1);
     assert!(metadata.audiences()[0].starts_with("node-attestation.cluster.x-k8s.io/"));
     assert_eq!(jwks.fetches(), 1, "Google's keys fetched once, on the first gcp/v1 CSR");
+    assert_eq!(
+        egress.targets(),
+        ["www.googleapis.com:443"],
+        "Google's keys fetched through the proxy, by name"
+    );
     let claim = claim_of(&admin, "worker-0", &worker0.provider_id()).await.unwrap();
     assert_eq!(claim["instance"], "gcp:team-a-prod/4473882541632117237");
 
@@ -158,6 +179,12 @@ async fn a_gce_node_joins_with_its_identity_token_and_renews_across_a_google_key
         "the unknown kid {new_kid} made the signer fetch the keys again\n--- plugin ---\n{}\n--- signer ---\n{}",
         String::from_utf8_lossy(&renewed.stderr),
         signer.log()
+    );
+
+    assert!(
+        egress.targets().len() >= 2 && egress.targets().iter().all(|t| t == "www.googleapis.com:443"),
+        "every fetch through the proxy: {:?}",
+        egress.targets()
     );
 
     // A stale token (an hour old) for worker-1: refused, and worker-1 stays unclaimed.

@@ -1291,7 +1291,8 @@ pub(crate) fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("a self-signed CA");
     let key = rcgen::KeyPair::generate().expect("a server key");
     let mut params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).expect("server parameters");
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned(), "www.googleapis.com".to_owned()])
+            .expect("server parameters");
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "www.googleapis.com stand-in");

@@ -10,6 +10,7 @@ pub mod cabpk;
 pub mod capi;
 pub mod cloud;
 pub mod cloud_init;
+pub mod connect_proxy;
 pub mod csr;
 pub mod envtest;
 pub mod fleet;
