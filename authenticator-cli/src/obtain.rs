@@ -138,15 +138,46 @@ pub async fn client(
             named.auth_info = Some(user.clone());
         }
     }
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(config_error)
         .with_context(|| source.clone())?;
+    config.proxy_url = apiserver_proxy(
+        config.proxy_url.take(),
+        environment_proxy(),
+        &hyper_util::client::proxy::matcher::Matcher::from_env(),
+        &config.cluster_url,
+    );
     // As the kubeconfig spells it (`Uri` adds a `/` to a bare authority).
     let url = config.cluster_url.to_string().trim_end_matches('/').to_owned();
     let client =
         Client::try_from(config).with_context(|| format!("cannot build a client for the workload apiserver {url}"))?;
     Ok(Workload { client, url })
+}
+
+/// `HTTPS_PROXY` (or `https_proxy`) as kube's loader reads it.
+fn environment_proxy() -> Option<http::Uri> {
+    ["HTTPS_PROXY", "https_proxy"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        .and_then(|value| value.parse().ok())
+}
+
+/// The proxy to reach the apiserver `cluster` through, as kubelet (client-go) chooses it: the
+/// kubeconfig's own `proxy-url` when it names one; otherwise the environment's proxy unless
+/// `NO_PROXY` exempts the apiserver (`proxies`). kube's loader puts `HTTPS_PROXY` in
+/// `loaded` and matches `NO_PROXY` against the proxy's own address, so a node whose `NO_PROXY`
+/// exempts its apiserver, as kubelet honours it, would have the plugin go through the proxy.
+fn apiserver_proxy(
+    loaded: Option<http::Uri>,
+    from_environment: Option<http::Uri>,
+    proxies: &hyper_util::client::proxy::matcher::Matcher,
+    cluster: &http::Uri,
+) -> Option<http::Uri> {
+    match loaded {
+        Some(own) if Some(&own) != from_environment.as_ref() => Some(own),
+        _ => proxies.intercept(cluster).map(|intercept| intercept.uri().clone()),
+    }
 }
 
 /// A kubeconfig for `cluster` with one (empty) user, filled in by [`client`].
@@ -376,5 +407,47 @@ pub fn explain_api_error(error: kube::Error, url: &str, doing: &str) -> anyhow::
             anyhow::Error::new(other).context(format!("{doing}: the workload apiserver {url} is unreachable"))
         }
         other => anyhow::Error::new(other).context(format!("{doing} with the workload apiserver {url}")),
+    }
+}
+
+#[cfg(test)]
+mod proxy_tests {
+    use hyper_util::client::proxy::matcher::Matcher;
+
+    use super::*;
+
+    #[test]
+    fn the_apiserver_is_reached_as_kubelet_reaches_it() {
+        let proxy: http::Uri = "http://proxy.corp:3128".parse().unwrap();
+        let apiserver: http::Uri = "https://10.0.0.1:6443".parse().unwrap();
+        let exempt = Matcher::builder()
+            .https("http://proxy.corp:3128")
+            .no("10.0.0.0/8")
+            .build();
+        let not_exempt = Matcher::builder()
+            .https("http://proxy.corp:3128")
+            .no("internal.corp")
+            .build();
+        // HTTPS_PROXY with NO_PROXY naming the apiserver: directly, as kubelet goes.
+        assert_eq!(
+            apiserver_proxy(Some(proxy.clone()), Some(proxy.clone()), &exempt, &apiserver),
+            None
+        );
+        // NO_PROXY naming something else: through the proxy.
+        assert_eq!(
+            apiserver_proxy(Some(proxy.clone()), Some(proxy.clone()), &not_exempt, &apiserver),
+            Some(proxy.clone())
+        );
+        // The kubeconfig's own proxy-url wins.
+        let own: http::Uri = "http://other:8080".parse().unwrap();
+        assert_eq!(
+            apiserver_proxy(Some(own.clone()), Some(proxy), &exempt, &apiserver),
+            Some(own)
+        );
+        // No proxy anywhere.
+        assert_eq!(
+            apiserver_proxy(None, None, &Matcher::builder().build(), &apiserver),
+            None
+        );
     }
 }

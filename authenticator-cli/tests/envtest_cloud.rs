@@ -16,9 +16,9 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,10 +27,10 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::Value;
 use tests::capi;
-use tests::connect_proxy::ConnectProxy;
 use tests::cloud::{
     AwsIdentityCa, GceInstance, GceMetadataStandIn, GoogleSigner, ImdsV2StandIn, JwksServer, document, rsa2048_body,
 };
+use tests::connect_proxy::ConnectProxy;
 use tests::envtest::Envtest;
 use tests::live::{self, Signer, Workload, apply};
 use tests::moto::{ACCOUNT, Moto};

@@ -87,6 +87,10 @@ impl Node {
             log_file.to_str().unwrap(),
             "--timeout",
             "60s",
+            // A TPM renewal's two phases under a loaded CI machine: the call waits for them (the
+            // default, 20 s, would answer the current certificate and retry later).
+            "--renewal-timeout",
+            "60s",
         ]
         .iter()
         .map(ToString::to_string)

@@ -109,6 +109,10 @@ async fn a_tpm_node_joins_through_both_phases_and_renews_by_attesting_again() {
         &tpm.tcti,
         "--timeout",
         "60s",
+        // A TPM renewal's two phases under a loaded CI machine: the call waits for them (the
+        // default, 20 s, would answer the current certificate and retry later).
+        "--renewal-timeout",
+        "60s",
     ]
     .iter()
     .map(ToString::to_string)

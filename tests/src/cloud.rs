@@ -1290,9 +1290,12 @@ pub(crate) fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
     ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).expect("a self-signed CA");
     let key = rcgen::KeyPair::generate().expect("a server key");
-    let mut params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned(), "www.googleapis.com".to_owned()])
-            .expect("server parameters");
+    let mut params = rcgen::CertificateParams::new(vec![
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        "www.googleapis.com".to_owned(),
+    ])
+    .expect("server parameters");
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "www.googleapis.com stand-in");
@@ -1413,8 +1416,11 @@ pub fn plugin_exec(
             "--attestor",
             attestor,
             // The GCE renewal across a key rotation waits for the signer's next fetch of
-            // Google's keys (at most one a minute): well within this.
+            // Google's keys (at most one a minute): well within this, for a renewal too (whose
+            // own default, 20 s, would answer the current certificate and retry later).
             "--timeout",
+            "150s",
+            "--renewal-timeout",
             "150s",
         ])
         .env_remove("KUBERNETES_EXEC_INFO")

@@ -66,7 +66,10 @@ fn tunnel(mut client: TcpStream, routes: &HashMap<String, SocketAddr>, log: &Mut
         let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n");
         return;
     };
-    if client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").is_err() {
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .is_err()
+    {
         return;
     }
     let (mut client_read, mut upstream_write) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());

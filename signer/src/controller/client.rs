@@ -9,7 +9,13 @@
 //! at once. Keep-alive pings find a dead connection in under a minute, since with one
 //! connection a silent failure would hold every request, not one.
 //!
-//! A kubeconfig naming a proxy gets kube's own client (HTTP/1.1), which knows proxies.
+//! Proxies, as client-go takes them: a kubeconfig's `proxy-url` gets kube's own client (HTTP/1.1),
+//! which knows proxies; otherwise `HTTPS_PROXY` and `NO_PROXY` from the environment are matched
+//! against the apiserver's own address ([`crate::cloud::proxy`], the cloud calls' connector), so
+//! `NO_PROXY` exempts an apiserver. kube's loader takes `HTTPS_PROXY` itself and matches
+//! `NO_PROXY` against the proxy's address, which can exempt no apiserver: that value is set aside
+//! ([`environment_proxy_set_aside`]). An operator who sets `HTTPS_PROXY` for the cloud calls must
+//! therefore name in `NO_PROXY` the apiservers the signer reaches directly.
 
 use std::time::Duration;
 
@@ -35,6 +41,7 @@ pub fn build_read_only(config: Config) -> Result<Client, kube::Error> {
 }
 
 fn build_with(config: Config, read_only: bool) -> Result<Client, kube::Error> {
+    let config = environment_proxy_set_aside(config);
     if config.proxy_url.is_some() {
         if read_only {
             // kube's own client (which knows proxies) has no room for the guard.
@@ -55,11 +62,27 @@ fn build_with(config: Config, read_only: bool) -> Result<Client, kube::Error> {
     Ok(Client::new(service, config.default_namespace))
 }
 
+/// `config` without the proxy kube's loader took from `HTTPS_PROXY` (the connector applies the
+/// environment's proxies itself, `NO_PROXY` matched against the apiserver); a kubeconfig's own
+/// `proxy-url` (another value) is kept.
+pub fn environment_proxy_set_aside(mut config: Config) -> Config {
+    let from_environment = ["HTTPS_PROXY", "https_proxy"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+        .and_then(|value| value.parse::<hyper::Uri>().ok());
+    if config.proxy_url.is_some() && config.proxy_url == from_environment {
+        config.proxy_url = None;
+    }
+    config
+}
+
 /// The HTTP(S) connection pool under a client: TLS from `config` (its server CA, its client
 /// certificate if any), HTTP/2 when the apiserver offers it. Everything above it (base URI,
 /// bearer token, headers) is layered on by the client.
-pub type Transport =
-    hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, kube::client::Body>;
+pub type Transport = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<crate::cloud::proxy::ProxyConnector>,
+    kube::client::Body,
+>;
 
 /// The connection pool for `config` (see [`Transport`]).
 pub fn transport(config: &Config) -> Result<Transport, kube::Error> {
@@ -80,7 +103,9 @@ pub fn transport(config: &Config) -> Result<Transport, kube::Error> {
             .map_err(|e| kube::Error::Service(format!("tls-server-name {name:?}: {e}").into()))?;
         builder = builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let https = builder.enable_all_versions().wrap_connector(http);
+    let https = builder
+        .enable_all_versions()
+        .wrap_connector(crate::cloud::proxy::ProxyConnector::from_env(http));
     Ok(hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
