@@ -616,20 +616,9 @@ async fn the_signer_joins_nodes_denies_hijacks_and_serves_every_rule_on_a_real_a
         1.0,
         "{metrics}"
     );
-    let events = w
-        .env
-        .kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);
-    let events: Value = serde_json::from_slice(&events.stdout).unwrap();
-    let reasons: Vec<(String, String)> = events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["regarding"]["name"].as_str().unwrap_or_default().to_owned(),
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+    let reasons: Vec<(String, String)> = live::events(&w.env, capi::NAMESPACE)
+        .into_iter()
+        .map(|(regarding, reason, _)| (regarding, reason))
         .collect();
     assert!(
         !reasons.iter().any(|(_, r)| r == "CertificateIssued"),

@@ -31,23 +31,6 @@ fn schemaless_crd(group: &str, kind: &str, plural: &str) -> Value {
 
 const PLUGIN_KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nusers:\n- name: default-auth\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /usr/local/bin/kubelet-authenticator\n";
 
-fn events(env: &Envtest) -> Vec<(String, String, String)> {
-    let out = env.kubectl(&["get", "events.events.k8s.io", "-n", capi::NAMESPACE, "-o", "json"]);
-    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["regarding"]["name"].as_str().unwrap_or_default().to_owned(),
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-                e["note"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs KUBEBUILDER_ASSETS: a real kube-apiserver and etcd"]
 async fn a_cluster_templated_with_the_plugin_but_not_opted_in_is_warned_of() {
@@ -131,7 +114,7 @@ async fn a_cluster_templated_with_the_plugin_but_not_opted_in_is_warned_of() {
     };
     let mut warned = Vec::new();
     for _ in 0..150 {
-        warned = events(&env)
+        warned = live::events(&env, capi::NAMESPACE)
             .into_iter()
             .filter(|(_, reason, _)| reason == "TemplatedButNotOptedIn")
             .collect();
@@ -161,7 +144,7 @@ async fn a_cluster_templated_with_the_plugin_but_not_opted_in_is_warned_of() {
     );
     // Said once: later scans (every 2 s here) add no Event.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let again = events(&env)
+    let again = live::events(&env, capi::NAMESPACE)
         .into_iter()
         .filter(|(_, reason, _)| reason == "TemplatedButNotOptedIn")
         .count();

@@ -670,6 +670,24 @@ impl Drop for Signer {
     }
 }
 
+/// Every Event (`events.k8s.io`) of `namespace`, as `(regarding name, reason, note)`.
+pub fn events(env: &Envtest, namespace: &str) -> Vec<(String, String, String)> {
+    let out = env.kubectl(&["get", "events.events.k8s.io", "-n", namespace, "-o", "json"]);
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .map(|e| {
+                    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                    (text(&e["regarding"]["name"]), text(&e["reason"]), text(&e["note"]))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The body of a plain-HTTP `GET` of `url` (`http://host:port/path`; a signer's or etcd's
 /// `/metrics`), or an empty string when nothing answers.
 pub fn http_get(url: &str) -> String {
