@@ -495,3 +495,102 @@ fn the_azure_templates_validate_name_nodes_as_capz_does_and_leave_the_provider_i
         );
     }
 }
+
+/// Every provider's ClusterClass patch (CAPA's `clusterclass-patch.yaml`, CAPG's and CAPZ's
+/// `clusterclass-patch-<provider>.yaml`) turns a stock class's worker template and control plane
+/// template into that provider's shipped templates: the same files, node name (told to the
+/// plugin), kubeadm patches directory and provider-ID flag; the provider's own kubelet flags
+/// (the stock class's `cloud-provider: external`, which every provider's class sets) stay the
+/// class's.
+#[test]
+fn every_providers_clusterclass_patch_gives_its_shipped_templates() {
+    let schemas = schemas();
+    let ours = |args: &Value| -> Vec<Value> {
+        args.as_array()
+            .map(|a| a.iter().filter(|x| x["name"] == "provider-id").cloned().collect())
+            .unwrap_or_default()
+    };
+    for (provider, patch_file) in [
+        ("aws", "images/kubeadm/clusterclass-patch.yaml"),
+        ("gcp", "images/kubeadm/clusterclass-patch-gcp.yaml"),
+        ("azure", "images/kubeadm/clusterclass-patch-azure.yaml"),
+    ] {
+        let patch = yaml_documents(patch_file).remove(0);
+        let definition = |kind: &str| {
+            let found = patch["definitions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| d["selector"]["kind"] == kind)
+                .unwrap_or_else(|| panic!("{patch_file}: no definition for {kind}"));
+            serde_json::from_value::<json_patch::Patch>(found["jsonPatches"].clone()).unwrap()
+        };
+
+        let shipped = as_kubeadm_config(
+            &yaml_documents(&format!("images/kubeadm/kubeadm-config-template-{provider}.yaml")).remove(0),
+        );
+        let shipped = &shipped["spec"];
+        let mut stock = json!({"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfigTemplate",
+            "metadata": {"name": "default-worker"},
+            "spec": {"template": {"spec": {"files": [], "joinConfiguration": {"nodeRegistration": {
+                "name": "{{ v1.local_hostname }}", "kubeletExtraArgs": [{"name": "cloud-provider", "value": "external"}]}}}}}});
+        json_patch::patch(&mut stock, &definition("KubeadmConfigTemplate")).unwrap();
+        let patched = as_kubeadm_config(&stock);
+        validate(&schemas, &patched).unwrap_or_else(|e| panic!("{patch_file} applied: {e}"));
+        let patched = &patched["spec"];
+        assert_eq!(patched["files"], shipped["files"], "{provider}: worker files");
+        let join = |spec: &Value, key: &str| spec["joinConfiguration"][key].clone();
+        assert_eq!(join(patched, "patches"), join(shipped, "patches"), "{provider}");
+        assert_eq!(
+            patched["joinConfiguration"]["nodeRegistration"]["name"],
+            shipped["joinConfiguration"]["nodeRegistration"]["name"],
+            "{provider}: the worker's node name"
+        );
+        assert_eq!(
+            json!(ours(
+                &patched["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
+            )),
+            json!(ours(
+                &shipped["joinConfiguration"]["nodeRegistration"]["kubeletExtraArgs"]
+            )),
+            "{provider}: the worker's provider-ID flag"
+        );
+        assert_eq!(
+            told_node_name(patched).as_deref(),
+            patched["joinConfiguration"]["nodeRegistration"]["name"].as_str(),
+            "{provider}: the plugin is told the worker's node name"
+        );
+
+        let shipped_cp = yaml_documents(&format!("images/kubeadm/kubeadm-control-plane-{provider}.yaml")).remove(0);
+        let shipped_cp = &shipped_cp["spec"]["kubeadmConfigSpec"];
+        let mut stock_cp = json!({"apiVersion": "controlplane.cluster.x-k8s.io/v1beta2", "kind": "KubeadmControlPlaneTemplate",
+            "metadata": {"name": "default-control-plane"},
+            "spec": {"template": {"spec": {"kubeadmConfigSpec": {"files": [],
+                "initConfiguration": {"nodeRegistration": {"kubeletExtraArgs": [{"name": "cloud-provider", "value": "external"}]}},
+                "joinConfiguration": {"nodeRegistration": {"name": "{{ v1.local_hostname }}",
+                    "kubeletExtraArgs": [{"name": "cloud-provider", "value": "external"}]}}}}}}});
+        json_patch::patch(&mut stock_cp, &definition("KubeadmControlPlaneTemplate")).unwrap();
+        let patched_cp = &stock_cp["spec"]["template"]["spec"]["kubeadmConfigSpec"];
+        validate(&schemas, &as_control_plane_config(patched_cp))
+            .unwrap_or_else(|e| panic!("{patch_file} applied to the control plane: {e}"));
+        assert_eq!(
+            patched_cp["files"], shipped_cp["files"],
+            "{provider}: control plane files"
+        );
+        for phase in ["initConfiguration", "joinConfiguration"] {
+            assert_eq!(
+                patched_cp[phase]["patches"], shipped_cp[phase]["patches"],
+                "{provider} {phase}"
+            );
+            assert_eq!(
+                patched_cp[phase]["nodeRegistration"]["name"], shipped_cp[phase]["nodeRegistration"]["name"],
+                "{provider} {phase}"
+            );
+            assert_eq!(
+                json!(ours(&patched_cp[phase]["nodeRegistration"]["kubeletExtraArgs"])),
+                json!(ours(&shipped_cp[phase]["nodeRegistration"]["kubeletExtraArgs"])),
+                "{provider} {phase}: the provider-ID flag"
+            );
+        }
+    }
+}
