@@ -7,7 +7,9 @@
 //!   resource group lower-cased).
 //! - Entra ID and Azure Resource Manager (HTTPS, `--cloud-ca-bundle`): the signer gets a token
 //!   with a client secret (`AZURE_CLIENT_SECRET`, `AZURE_AUTHORITY_HOST`) and reads the VM's
-//!   `vmId` with it; ARM refuses any other bearer token.
+//!   `vmId` with it; ARM refuses any other bearer token. Both are reached at their own names
+//!   (`login.microsoftonline.com`, `management.azure.com`) through an egress proxy
+//!   (`HTTPS_PROXY`) that logs each host and tunnels to the stand-in.
 //!
 //! A VM and a scale-set instance join and renew; a document of another VM, a stale document, a
 //! document fetched for another challenge, an answer with another key and a replayed answer are
@@ -190,6 +192,22 @@ async fn azure_vms_and_scale_set_instances_join_and_renew_and_every_bent_answer_
     std::fs::write(&bundle, pki.bundle_pem()).unwrap();
     let cloud_ca = dir.path().join("cloud-ca.pem");
     std::fs::write(&cloud_ca, arm.ca_pem()).unwrap();
+    // Azure Resource Manager and Entra ID at their own names, through an egress proxy that logs
+    // the hosts it is asked for and tunnels to the stand-in; the apiservers exempted.
+    let egress = tests::connect_proxy::ConnectProxy::start(std::collections::HashMap::from([
+        ("management.azure.com:443".to_owned(), arm.address()),
+        ("login.microsoftonline.com:443".to_owned(), arm.address()),
+    ]));
+    let mut env = arm.signer_env();
+    env.retain(|(name, _)| name != "AZURE_AUTHORITY_HOST");
+    env.extend([
+        (
+            "AZURE_AUTHORITY_HOST".to_owned(),
+            "https://login.microsoftonline.com".to_owned(),
+        ),
+        ("HTTPS_PROXY".to_owned(), egress.url()),
+        ("NO_PROXY".to_owned(), "127.0.0.1,localhost".to_owned()),
+    ]);
     let signer = Signer::start_with_env(
         &signer_bin(),
         &w.env,
@@ -197,11 +215,11 @@ async fn azure_vms_and_scale_set_instances_join_and_renew_and_every_bent_answer_
             "--azure-ca-bundle",
             bundle.to_str().unwrap(),
             "--azure-arm-endpoint",
-            &arm.url(),
+            "https://management.azure.com",
             "--cloud-ca-bundle",
             cloud_ca.to_str().unwrap(),
         ],
-        arm.signer_env(),
+        env,
     )
     .await;
     let bootstrap = w.env.bootstrap_kubeconfig(live::TOKEN);
@@ -214,6 +232,15 @@ async fn azure_vms_and_scale_set_instances_join_and_renew_and_every_bent_answer_
     assert_eq!(who(&w, &joined).await, "system:node:worker-0");
     assert_eq!(imds0.documents(), 1, "one attested document, for the challenge's nonce");
     assert!(arm.tokens() >= 1 && arm.lookups() >= 1, "ARM read with an Entra token");
+    let targets = egress.targets();
+    assert!(
+        targets.contains(&"login.microsoftonline.com:443".to_owned())
+            && targets.contains(&"management.azure.com:443".to_owned())
+            && targets
+                .iter()
+                .all(|t| t == "login.microsoftonline.com:443" || t == "management.azure.com:443"),
+        "Entra ID and ARM reached through the proxy, by name: {targets:?}"
+    );
     assert_eq!(arm.refused(), 0, "the signer's credentials were always good");
     let claim = claim_of(&admin, "worker-0", &provider_id(&resource_id("worker-0")))
         .await

@@ -661,6 +661,11 @@ impl ArmStandIn {
         self.ca_pem.clone()
     }
 
+    /// The address it listens on (an egress proxy's route to Azure's host names).
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.server.address
+    }
+
     /// The VM a provider ID names exists with `vm_id`.
     pub fn add_vm(&self, provider_id: &str, vm_id: &str) {
         let vm = AzureVm::parse(provider_id).unwrap();

@@ -1294,6 +1294,9 @@ pub(crate) fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
         "127.0.0.1".to_owned(),
         "localhost".to_owned(),
         "www.googleapis.com".to_owned(),
+        // Azure's, for the ARM stand-in reached through an egress proxy by name.
+        "management.azure.com".to_owned(),
+        "login.microsoftonline.com".to_owned(),
     ])
     .expect("server parameters");
     params
