@@ -52,6 +52,8 @@ impl TemplatedScan {
     async fn scan(&mut self) {
         let view = self.scope.view();
         if view.as_ref().is_some_and(super::membership::View::standing_aside) {
+            // Fenced or not yet counted: another replica looks at these Clusters meanwhile.
+            self.shared.metrics.templated_not_opted_in(&[]);
             return;
         }
         let not_opted_in = self.shared.management.clusters.select(|c| !c.opted_in);
