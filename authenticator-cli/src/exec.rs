@@ -69,7 +69,6 @@ pub struct ExecArgs {
     /// the signer does not answer (an outage) must give up before kubelet's Lease lapses (40 s)
     /// and answer the current certificate; it tries again later ([`unanswered_retry`]).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_RENEWAL_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
-    // (DEFAULT_RENEWAL_TIMEOUT is this default.)
     pub renewal_timeout: Duration,
     /// Requested certificate lifetime (`spec.expirationSeconds`; at least 10m).
     #[arg(long, env = "KUBELET_AUTHENTICATOR_REQUESTED_DURATION", value_parser = humantime::parse_duration)]
@@ -346,7 +345,8 @@ pub fn run(args: &ExecArgs) -> Result<String> {
     }
 }
 
-/// `--renewal-timeout`'s default.
+/// `--renewal-timeout`'s default (the flag's `default_value`; the rendered-kubeconfig tests fail if
+/// the two part).
 pub const DEFAULT_RENEWAL_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long after a renewal that failed without a denial (the signer or the management cluster
